@@ -1,0 +1,104 @@
+# opsmith build. Two commands matter (README): `make demo`, `make test`.
+# Each sets itself up: when python3 cannot import torch, a virtual
+# environment (.venv) is made and requirements-dev.txt installed into it;
+# where torch is already importable (a machine with its own torch and no
+# network), that interpreter is used as it is.
+# The C library (kernels, no Python) builds with gcc and nvcc alone; the two
+# PyTorch extensions build through setup.py (torch.utils.cpp_extension).
+
+SHELL := /bin/bash
+.DEFAULT_GOAL := build
+
+SYSTEM_TORCH := $(shell python3 -c 'import torch' >/dev/null 2>&1 && echo yes)
+ifeq ($(SYSTEM_TORCH),yes)
+PYTHON := python3
+PY_ENV :=
+else
+PYTHON := .venv/bin/python
+PY_ENV := .venv/.installed
+endif
+
+# CUDA is built when nvcc is found (on PATH or in /usr/local/cuda).
+NVCC ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+WITH_CUDA := $(if $(NVCC),1,0)
+
+CC := gcc
+CFLAGS := -std=c11 -O3 -fPIC -fopenmp -Wall -Wextra -Werror=implicit-function-declaration -Iinclude -Icsrc
+# sm_80 (A100) and sm_90 (H100/H200) machine code, plus sm_90 PTX for newer GPUs
+CUDA_ARCH := -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
+             -gencode arch=compute_90,code=compute_90
+NVCCFLAGS := -O3 -std=c++17 -Xcompiler -fPIC -Xcompiler -Wall $(CUDA_ARCH) -Iinclude -Icsrc \
+             --expt-relaxed-constexpr
+
+C_SRCS := csrc/core.c $(wildcard csrc/cpu/*.c) $(wildcard csrc/reference/*.c)
+CU_SRCS := $(wildcard csrc/cuda/*.cu)
+HEADERS := include/opsmith.h $(wildcard csrc/*.h) $(wildcard csrc/cuda/*.cuh)
+ifeq ($(WITH_CUDA),1)
+OBJS := $(C_SRCS:%.c=build/%.o) $(CU_SRCS:%.cu=build/%.o)
+CUDA_LINK := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart
+CUDA_TEST_FLAGS := -DOPSMITH_WITH_CUDA=1 -I$(CUDA_HOME)/include
+else
+OBJS := $(C_SRCS:%.c=build/%.o) build/csrc/no_cuda.o
+endif
+LIB := build/libopsmith.a
+
+.PHONY: build lib ext ctest ctest-sanitize pytest test demo bench clean env
+
+build: ext
+	@touch build/READY
+
+lib: $(LIB)
+
+build/%.o: %.c $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+build/%.o: %.cu $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+
+$(LIB): $(OBJS)
+	@rm -f $@
+	ar rcs $@ $^
+
+# --- C tests: the kernels against the scalar reference, no Python ---------
+TEST_SRCS := $(wildcard tests/c/*.c)
+TEST_OBJS := $(TEST_SRCS:%.c=build/%.o)
+build/tests/c/%.o: tests/c/%.c $(wildcard tests/c/*.h) include/opsmith.h
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -O2 -Wall -Wextra -Iinclude -Icsrc $(CUDA_TEST_FLAGS) -c $< -o $@
+
+# linked by g++: the CUDA objects need the C++ runtime
+build/test_c: $(TEST_OBJS) $(LIB)
+	g++ $(TEST_OBJS) $(LIB) -fopenmp -lm $(CUDA_LINK) -o $@
+
+ctest: build/test_c
+	OMP_NUM_THREADS=2 ./build/test_c
+
+# --- Python environment and the two PyTorch extensions ---------------------
+env: $(PY_ENV)
+
+.venv/.installed: requirements-dev.txt
+	python3 -m venv .venv
+	.venv/bin/pip install -q --upgrade pip
+	.venv/bin/pip install -q -r requirements-dev.txt
+	@touch $@
+
+ext: build/ext.stamp
+
+# the stamp makes a second `make` with nothing changed a no-op
+build/ext.stamp: $(PY_ENV) $(LIB) setup.py $(wildcard csrc/torch/*)
+	OPSMITH_WITH_CUDA=$(WITH_CUDA) MAX_JOBS=$$(nproc) $(PYTHON) setup.py -q build_ext --inplace
+	@touch $@
+
+pytest: build
+	$(PYTHON) -m pytest -q tests
+
+test: ctest pytest
+
+demo: build
+	$(PYTHON) -m opsmith demo
+
+clean:
+	rm -rf build opsmith/*.so *.egg-info

@@ -1,0 +1,160 @@
+/* RMSNorm on the CPU: C11 + OpenMP over rows.
+ * x, dy are (rows, n) addressed through a row stride; y, dx are (rows, n)
+ * contiguous; weight, dweight are (n); inv_rms is (rows) in the accumulate
+ * type (double for f64, float otherwise). */
+#include <math.h>
+#include <stdlib.h>
+
+#include "convert.h"
+#include "internal.h"
+
+opsmith_status opsmith_internal_rms_norm_check(opsmith_dtype dtype, int64_t rows, int64_t n,
+                                               const void *x, int64_t x_row_stride,
+                                               const void *dy, int64_t dy_row_stride,
+                                               double eps, const void *out, const void *inv_rms) {
+    if ((unsigned)dtype >= OPSMITH_DTYPE_COUNT) return OPSMITH_STATUS_UNSUPPORTED_DTYPE;
+    if (rows < 0 || n < 1) return OPSMITH_STATUS_INVALID_ARGUMENT;
+    if (!(eps >= 0.0)) return OPSMITH_STATUS_INVALID_ARGUMENT; /* also rejects NaN */
+    if (rows == 0) return OPSMITH_STATUS_SUCCESS;
+    if (!x || !out || !inv_rms) return OPSMITH_STATUS_INVALID_ARGUMENT;
+    /* rows may share storage (stride 0, as in an expanded tensor) only if
+     * there is one row; otherwise a row must not overlap the next */
+    if (x_row_stride < n && rows > 1) return OPSMITH_STATUS_INVALID_ARGUMENT;
+    if (dy_row_stride < n && dy && rows > 1) return OPSMITH_STATUS_INVALID_ARGUMENT;
+    return OPSMITH_STATUS_SUCCESS;
+}
+
+/* Each storage type gets its own forward and backward, stamped from one
+ * template: T is the storage type, ACC the accumulate type, LOAD/STORE
+ * convert one element between them. */
+#define LOAD_F64(p) (p)
+#define STORE_F64(v) (v)
+#define LOAD_F32(p) (p)
+#define STORE_F32(v) (v)
+#define LOAD_F16(p) opsmith_f16_to_f32(p)
+#define STORE_F16(v) opsmith_f32_to_f16(v)
+#define LOAD_BF16(p) opsmith_bf16_to_f32(p)
+#define STORE_BF16(v) opsmith_f32_to_bf16(v)
+
+/* dweight partial sums go through a fixed number of row chunks, summed in
+ * a fixed order, so the result does not depend on the thread count. */
+#define DWEIGHT_CHUNKS 64
+
+#define DEFINE_RMS_NORM(SUFFIX, T, ACC, LOAD, STORE)                                              \
+    static void rms_norm_fwd_##SUFFIX(int64_t rows, int64_t n, const T *x, int64_t xs,            \
+                                      const T *w, ACC eps, T *y, ACC *inv_rms) {                   \
+        _Pragma("omp parallel for schedule(static)")                                              \
+        for (int64_t r = 0; r < rows; r++) {                                                      \
+            const T *xr = x + r * xs;                                                             \
+            T *yr = y + r * n;                                                                    \
+            ACC sum_sq = 0;                                                                       \
+            for (int64_t i = 0; i < n; i++) {                                                     \
+                ACC v = LOAD(xr[i]);                                                              \
+                sum_sq += v * v;                                                                  \
+            }                                                                                     \
+            ACC inv = (ACC)1 / sqrt(sum_sq / (ACC)n + eps);                                       \
+            inv_rms[r] = inv;                                                                     \
+            if (w)                                                                                \
+                for (int64_t i = 0; i < n; i++) yr[i] = STORE(LOAD(xr[i]) * inv * LOAD(w[i]));   \
+            else                                                                                  \
+                for (int64_t i = 0; i < n; i++) yr[i] = STORE(LOAD(xr[i]) * inv);                \
+        }                                                                                         \
+    }                                                                                             \
+                                                                                                  \
+    /* dx for rows [r0, r1); adds dy * x * inv_rms into partial when it is non-NULL */             \
+    static void rms_norm_bwd_rows_##SUFFIX(int64_t r0, int64_t r1, int64_t n, const T *dy,        \
+                                           int64_t dys, const T *x, int64_t xs, const T *w,        \
+                                           const ACC *inv_rms, T *dx, ACC *partial) {              \
+        for (int64_t r = r0; r < r1; r++) {                                                       \
+            const T *xr = x + r * xs, *dyr = dy + r * dys;                                        \
+            T *dxr = dx + r * n;                                                                  \
+            ACC inv = inv_rms[r], dot = 0;                                                        \
+            for (int64_t i = 0; i < n; i++)                                                       \
+                dot += LOAD(dyr[i]) * (w ? LOAD(w[i]) : (ACC)1) * LOAD(xr[i]);                    \
+            ACC scale = inv * inv * inv * dot / (ACC)n;                                           \
+            for (int64_t i = 0; i < n; i++) {                                                     \
+                ACC g = LOAD(dyr[i]), xv = LOAD(xr[i]);                                           \
+                if (partial) partial[i] += g * xv * inv;                                          \
+                if (w) g *= LOAD(w[i]);                                                           \
+                dxr[i] = STORE(inv * g - xv * scale);                                             \
+            }                                                                                     \
+        }                                                                                         \
+    }                                                                                             \
+                                                                                                  \
+    static opsmith_status rms_norm_bwd_##SUFFIX(int64_t rows, int64_t n, const T *dy,             \
+                                                int64_t dys, const T *x, int64_t xs, const T *w,   \
+                                                const ACC *inv_rms, T *dx, T *dw) {                \
+        if (!dw) {                                                                                \
+            _Pragma("omp parallel for schedule(static)")                                          \
+            for (int64_t r = 0; r < rows; r++)                                                    \
+                rms_norm_bwd_rows_##SUFFIX(r, r + 1, n, dy, dys, x, xs, w, inv_rms, dx, NULL);     \
+            return OPSMITH_STATUS_SUCCESS;                                                        \
+        }                                                                                         \
+        int64_t chunks = rows < DWEIGHT_CHUNKS ? rows : DWEIGHT_CHUNKS;                           \
+        if (chunks == 0) chunks = 1;                                                              \
+        ACC *partial = calloc((size_t)(chunks * n), sizeof(ACC));                                 \
+        if (!partial) return OPSMITH_STATUS_OUT_OF_MEMORY;                                        \
+        _Pragma("omp parallel for schedule(static)")                                              \
+        for (int64_t c = 0; c < chunks; c++)                                                      \
+            rms_norm_bwd_rows_##SUFFIX(rows * c / chunks, rows * (c + 1) / chunks, n, dy, dys, x,  \
+                                       xs, w, inv_rms, dx, partial + c * n);                      \
+        _Pragma("omp parallel for schedule(static)")                                              \
+        for (int64_t i = 0; i < n; i++) {                                                         \
+            ACC s = 0;                                                                            \
+            for (int64_t c = 0; c < chunks; c++) s += partial[c * n + i];                         \
+            dw[i] = STORE(s);                                                                     \
+        }                                                                                         \
+        free(partial);                                                                            \
+        return OPSMITH_STATUS_SUCCESS;                                                            \
+    }
+
+DEFINE_RMS_NORM(f64, double, double, LOAD_F64, STORE_F64)
+DEFINE_RMS_NORM(f32, float, float, LOAD_F32, STORE_F32)
+DEFINE_RMS_NORM(f16, uint16_t, float, LOAD_F16, STORE_F16)
+DEFINE_RMS_NORM(bf16, uint16_t, float, LOAD_BF16, STORE_BF16)
+
+opsmith_status opsmith_rms_norm_fwd_cpu(opsmith_dtype dtype, int64_t rows, int64_t n,
+                                        const void *x, int64_t x_row_stride,
+                                        const void *weight, double eps,
+                                        void *y, void *inv_rms) {
+    opsmith_status s = opsmith_internal_rms_norm_check(dtype, rows, n, x, x_row_stride, NULL, 0,
+                                                       eps, y, inv_rms);
+    if (s != OPSMITH_STATUS_SUCCESS || rows == 0) return s;
+    switch (dtype) {
+    case OPSMITH_DTYPE_F64: rms_norm_fwd_f64(rows, n, x, x_row_stride, weight, eps, y, inv_rms); break;
+    case OPSMITH_DTYPE_F32: rms_norm_fwd_f32(rows, n, x, x_row_stride, weight, (float)eps, y, inv_rms); break;
+    case OPSMITH_DTYPE_F16: rms_norm_fwd_f16(rows, n, x, x_row_stride, weight, (float)eps, y, inv_rms); break;
+    case OPSMITH_DTYPE_BF16: rms_norm_fwd_bf16(rows, n, x, x_row_stride, weight, (float)eps, y, inv_rms); break;
+    default: return OPSMITH_STATUS_UNSUPPORTED_DTYPE;
+    }
+    return OPSMITH_STATUS_SUCCESS;
+}
+
+opsmith_status opsmith_rms_norm_bwd_cpu(opsmith_dtype dtype, int64_t rows, int64_t n,
+                                        const void *dy, int64_t dy_row_stride,
+                                        const void *x, int64_t x_row_stride,
+                                        const void *weight, const void *inv_rms,
+                                        void *dx, void *dweight) {
+    opsmith_status s = opsmith_internal_rms_norm_check(dtype, rows, n, x, x_row_stride,
+                                                       dy ? dy : x, dy_row_stride, 0.0, dx, inv_rms);
+    if (s != OPSMITH_STATUS_SUCCESS) return s;
+    if (rows > 0 && !dy) return OPSMITH_STATUS_INVALID_ARGUMENT;
+    void *dw = weight ? dweight : NULL;
+    if (rows == 0) {
+        /* no rows: the weight gradient is an empty sum */
+        if (dw)
+            for (int64_t i = 0; i < n; i++) opsmith_store_from_double(dtype, dw, i, 0.0);
+        return OPSMITH_STATUS_SUCCESS;
+    }
+    switch (dtype) {
+    case OPSMITH_DTYPE_F64:
+        return rms_norm_bwd_f64(rows, n, dy, dy_row_stride, x, x_row_stride, weight, inv_rms, dx, dw);
+    case OPSMITH_DTYPE_F32:
+        return rms_norm_bwd_f32(rows, n, dy, dy_row_stride, x, x_row_stride, weight, inv_rms, dx, dw);
+    case OPSMITH_DTYPE_F16:
+        return rms_norm_bwd_f16(rows, n, dy, dy_row_stride, x, x_row_stride, weight, inv_rms, dx, dw);
+    case OPSMITH_DTYPE_BF16:
+        return rms_norm_bwd_bf16(rows, n, dy, dy_row_stride, x, x_row_stride, weight, inv_rms, dx, dw);
+    default: return OPSMITH_STATUS_UNSUPPORTED_DTYPE;
+    }
+}

@@ -1,0 +1,91 @@
+/* Helpers shared by every CUDA kernel file: storage <-> accumulate
+ * conversions, 16-byte packed loads, warp and block sums, launch checks.
+ * Everything here is static or inline, so any number of .cu files can
+ * include it. */
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "internal.h"
+
+namespace opsmith {
+
+/* Storage type for each dtype, and the type sums are kept in. */
+template <opsmith_dtype D> struct Storage;
+template <> struct Storage<OPSMITH_DTYPE_F64> { using T = double; using Acc = double; };
+template <> struct Storage<OPSMITH_DTYPE_F32> { using T = float; using Acc = float; };
+template <> struct Storage<OPSMITH_DTYPE_F16> { using T = __half; using Acc = float; };
+template <> struct Storage<OPSMITH_DTYPE_BF16> { using T = __nv_bfloat16; using Acc = float; };
+
+__device__ __forceinline__ double to_acc(double v) { return v; }
+__device__ __forceinline__ float to_acc(float v) { return v; }
+__device__ __forceinline__ float to_acc(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_acc(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename T> __device__ __forceinline__ T from_acc(double v);
+template <> __device__ __forceinline__ double from_acc<double>(double v) { return v; }
+template <typename T> __device__ __forceinline__ T from_acc(float v);
+template <> __device__ __forceinline__ float from_acc<float>(float v) { return v; }
+template <> __device__ __forceinline__ __half from_acc<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_acc<__nv_bfloat16>(float v) {
+    return __float2bfloat16_rn(v);
+}
+
+__device__ __forceinline__ double rsqrt_acc(double v) { return rsqrt(v); }
+__device__ __forceinline__ float rsqrt_acc(float v) { return rsqrtf(v); }
+
+/* The one packed-load type: 16 bytes, VEC elements of T. */
+template <typename T> struct alignas(16) Pack {
+    static constexpr int VEC = 16 / sizeof(T);
+    T v[VEC];
+};
+
+template <typename T> __device__ __forceinline__ Pack<T> load_pack(const T *p) {
+    Pack<T> out;
+    *reinterpret_cast<uint4 *>(&out) = __ldg(reinterpret_cast<const uint4 *>(p));
+    return out;
+}
+
+template <typename T> __device__ __forceinline__ void store_pack(T *p, const Pack<T> &v) {
+    *reinterpret_cast<uint4 *>(p) = *reinterpret_cast<const uint4 *>(&v);
+}
+
+__host__ __device__ __forceinline__ bool aligned16(const void *p) {
+    return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
+}
+
+template <typename A> __device__ __forceinline__ A warp_sum(A v) {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+    return v;
+}
+
+/* Sum over the whole block, returned to every thread. `scratch` holds 32
+ * values; the leading barrier makes it safe to call again in a loop. */
+template <typename A> __device__ __forceinline__ A block_sum(A v, A *scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int warps = (blockDim.x + 31) >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < warps ? scratch[lane] : A(0);
+    return warp_sum(v);
+}
+
+/* Map the state after a launch to a status, keeping the runtime's message. */
+static inline opsmith_status launch_status(void) {
+    cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess) return OPSMITH_STATUS_SUCCESS;
+    opsmith_internal_set_cuda_error(cudaGetErrorString(e));
+    return OPSMITH_STATUS_CUDA_ERROR;
+}
+
+static inline bool element_aligned(const void *p, opsmith_dtype dtype) {
+    return (reinterpret_cast<uintptr_t>(p) % opsmith_dtype_size(dtype)) == 0;
+}
+
+} // namespace opsmith

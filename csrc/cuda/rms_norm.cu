@@ -1,0 +1,349 @@
+/* RMSNorm on CUDA.
+ * x, dy are (rows, n) addressed through a row stride; y, dx are (rows, n)
+ * contiguous; weight, dweight are (n); inv_rms is (rows) in Acc (double for
+ * f64, float otherwise).
+ *
+ * Layout of the work: a "row group" of threads owns one row at a time —
+ * one warp when the row is short (many rows per block), the whole block
+ * when it is long. Each row is read in 16-byte packs when every pointer,
+ * stride and n allow it (PACKED), else one element at a time.
+ * The weight gradient is reduced without float atomics, so it is
+ * deterministic: each block sums its rows into its own workspace row with
+ * a fixed column-to-thread map, then a second kernel adds the block rows in
+ * order. */
+#include "common.cuh"
+
+namespace opsmith {
+namespace {
+
+constexpr int kMaxThreads = 1024;
+constexpr int kMaxGrid = 1 << 16;
+
+/* Elements a thread handles per step: a pack, or one element. */
+template <typename T, bool PACKED> struct Step {
+    static constexpr int N = PACKED ? Pack<T>::VEC : 1;
+};
+
+/* Read N consecutive elements starting at p into accumulate type. */
+template <typename T, typename A, bool PACKED>
+__device__ __forceinline__ void load_acc(const T *p, A (&out)[Step<T, PACKED>::N]) {
+    if constexpr (PACKED) {
+        Pack<T> pk = load_pack(p);
+#pragma unroll
+        for (int k = 0; k < Pack<T>::VEC; k++) out[k] = to_acc(pk.v[k]);
+    } else {
+        out[0] = to_acc(p[0]);
+    }
+}
+
+template <typename T, typename A, bool PACKED>
+__device__ __forceinline__ void store_acc(T *p, const A (&in)[Step<T, PACKED>::N]) {
+    if constexpr (PACKED) {
+        Pack<T> pk;
+#pragma unroll
+        for (int k = 0; k < Pack<T>::VEC; k++) pk.v[k] = from_acc<T>(in[k]);
+        store_pack(p, pk);
+    } else {
+        p[0] = from_acc<T>(in[0]);
+    }
+}
+
+/* Sum across a row group: a warp, or the whole block. */
+template <bool WARP_ROWS, typename A> __device__ __forceinline__ A group_sum(A v, A *scratch) {
+    if constexpr (WARP_ROWS) return warp_sum(v);
+    else return block_sum(v, scratch);
+}
+
+template <typename T, typename A, bool PACKED, bool WARP_ROWS>
+__global__ void rms_norm_fwd_kernel(int64_t rows, int64_t n, const T *__restrict__ x, int64_t xs,
+                                    const T *__restrict__ w, A eps, T *__restrict__ y,
+                                    A *__restrict__ inv_rms) {
+    constexpr int S = Step<T, PACKED>::N;
+    __shared__ A scratch[32];
+    const int group_threads = WARP_ROWS ? 32 : blockDim.x;
+    const int t = WARP_ROWS ? (threadIdx.x & 31) : threadIdx.x;
+    const int groups_per_block = WARP_ROWS ? blockDim.x / 32 : 1;
+    const int group = WARP_ROWS ? threadIdx.x / 32 : 0;
+    const int64_t steps = n / S;
+    for (int64_t r = (int64_t)blockIdx.x * groups_per_block + group; r < rows;
+         r += (int64_t)gridDim.x * groups_per_block) {
+        const T *xr = x + r * xs;
+        T *yr = y + r * n;
+        A sum_sq = 0;
+        for (int64_t i = t; i < steps; i += group_threads) {
+            A v[S];
+            load_acc<T, A, PACKED>(xr + i * S, v);
+#pragma unroll
+            for (int k = 0; k < S; k++) sum_sq += v[k] * v[k];
+        }
+        sum_sq = group_sum<WARP_ROWS>(sum_sq, scratch);
+        const A inv = rsqrt_acc(sum_sq / (A)n + eps);
+        if (t == 0) inv_rms[r] = inv;
+        for (int64_t i = t; i < steps; i += group_threads) {
+            A v[S];
+            load_acc<T, A, PACKED>(xr + i * S, v);
+            if (w) {
+                A wv[S];
+                load_acc<T, A, PACKED>(w + i * S, wv);
+#pragma unroll
+                for (int k = 0; k < S; k++) v[k] = v[k] * inv * wv[k];
+            } else {
+#pragma unroll
+                for (int k = 0; k < S; k++) v[k] = v[k] * inv;
+            }
+            store_acc<T, A, PACKED>(yr + i * S, v);
+        }
+    }
+}
+
+/* dx for the block's rows; when partial is non-NULL, also the block's
+ * weight-gradient partial sums, partial is (gridDim.x, n). */
+template <typename T, typename A, bool PACKED, bool WARP_ROWS>
+__global__ void rms_norm_bwd_kernel(int64_t rows, int64_t n, const T *__restrict__ dy, int64_t dys,
+                                    const T *__restrict__ x, int64_t xs, const T *__restrict__ w,
+                                    const A *__restrict__ inv_rms, T *__restrict__ dx,
+                                    A *__restrict__ partial) {
+    constexpr int S = Step<T, PACKED>::N;
+    __shared__ A scratch[32];
+    const int group_threads = WARP_ROWS ? 32 : blockDim.x;
+    const int t = WARP_ROWS ? (threadIdx.x & 31) : threadIdx.x;
+    const int groups_per_block = WARP_ROWS ? blockDim.x / 32 : 1;
+    const int group = WARP_ROWS ? threadIdx.x / 32 : 0;
+    const int64_t steps = n / S;
+    /* With warp rows, each warp keeps its own partial row: partial is
+     * (gridDim.x * groups_per_block, n). */
+    A *my_partial = partial ? partial + ((int64_t)blockIdx.x * groups_per_block + group) * n : nullptr;
+    bool first = true;
+    for (int64_t r = (int64_t)blockIdx.x * groups_per_block + group; r < rows;
+         r += (int64_t)gridDim.x * groups_per_block) {
+        const T *xr = x + r * xs, *dyr = dy + r * dys;
+        T *dxr = dx + r * n;
+        const A inv = inv_rms[r];
+        A dot = 0;
+        for (int64_t i = t; i < steps; i += group_threads) {
+            A xv[S], gv[S];
+            load_acc<T, A, PACKED>(xr + i * S, xv);
+            load_acc<T, A, PACKED>(dyr + i * S, gv);
+            if (w) {
+                A wv[S];
+                load_acc<T, A, PACKED>(w + i * S, wv);
+#pragma unroll
+                for (int k = 0; k < S; k++) gv[k] *= wv[k];
+            }
+#pragma unroll
+            for (int k = 0; k < S; k++) dot += gv[k] * xv[k];
+        }
+        dot = group_sum<WARP_ROWS>(dot, scratch);
+        const A scale = inv * inv * inv * dot / (A)n;
+        for (int64_t i = t; i < steps; i += group_threads) {
+            A xv[S], dv[S], out[S];
+            load_acc<T, A, PACKED>(xr + i * S, xv);
+            load_acc<T, A, PACKED>(dyr + i * S, dv);
+            if (w) {
+                A wv[S];
+                load_acc<T, A, PACKED>(w + i * S, wv);
+#pragma unroll
+                for (int k = 0; k < S; k++) out[k] = inv * dv[k] * wv[k] - xv[k] * scale;
+            } else {
+#pragma unroll
+                for (int k = 0; k < S; k++) out[k] = inv * dv[k] - xv[k] * scale;
+            }
+            store_acc<T, A, PACKED>(dxr + i * S, out);
+            if (my_partial) {
+                /* only this thread ever touches these columns of this row */
+#pragma unroll
+                for (int k = 0; k < S; k++) {
+                    A c = dv[k] * xv[k] * inv;
+                    my_partial[i * S + k] = first ? c : my_partial[i * S + k] + c;
+                }
+            }
+        }
+        first = false;
+    }
+    if (my_partial && first) {
+        /* this row group had no row: its partial row must still read as zero */
+        for (int64_t i = t; i < n; i += group_threads) my_partial[i] = 0;
+    }
+}
+
+/* dweight[i] = sum over the partial rows, in order (deterministic). */
+template <typename T, typename A>
+__global__ void rms_norm_dweight_kernel(int64_t parts, int64_t n, const A *__restrict__ partial,
+                                        T *__restrict__ dweight) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        A s = 0;
+        for (int64_t p = 0; p < parts; p++) s += partial[p * n + i];
+        dweight[i] = from_acc<T>(s);
+    }
+}
+
+/* Launch shape shared by forward and backward. */
+struct Shape {
+    bool warp_rows; /* one warp per row (short rows) or one block per row */
+    int threads;
+    int64_t grid;
+    int64_t groups; /* row groups in the grid: partial rows for dweight */
+};
+
+Shape choose_shape(int64_t rows, int64_t n, int step, int64_t max_groups) {
+    Shape s;
+    const int64_t steps = n / step;
+    s.warp_rows = steps <= 32 * 4; /* a warp covers the row in at most 4 steps */
+    if (s.warp_rows) {
+        s.threads = 256;
+        const int64_t per_block = s.threads / 32;
+        int64_t groups = rows < max_groups ? rows : max_groups;
+        s.grid = (groups + per_block - 1) / per_block;
+        if (s.grid < 1) s.grid = 1;
+        s.groups = s.grid * per_block;
+    } else {
+        /* about 4 steps a thread, a whole number of warps, at most 1024 */
+        int64_t t = (steps + 3) / 4;
+        t = (t + 31) / 32 * 32;
+        s.threads = (int)(t < 128 ? 128 : t > kMaxThreads ? kMaxThreads : t);
+        s.grid = rows < max_groups ? rows : max_groups;
+        if (s.grid < 1) s.grid = 1;
+        s.groups = s.grid;
+    }
+    return s;
+}
+
+/* Row groups the backward uses when it reduces dweight: bounded so the
+ * workspace stays small (at most 2^23 partial elements, 32 MB in f32). */
+int64_t bwd_max_groups(int64_t rows, int64_t n) {
+    int64_t cap = ((int64_t)1 << 23) / n;
+    if (cap < 32) cap = 32;
+    if (cap > 1024) cap = 1024;
+    return rows < cap ? rows : cap;
+}
+
+int step_of(opsmith_dtype dtype) { return (int)(16 / opsmith_dtype_size(dtype)); }
+
+template <opsmith_dtype D>
+opsmith_status fwd(int64_t rows, int64_t n, const void *x, int64_t xs, const void *w, double eps,
+                   void *y, void *inv_rms, cudaStream_t stream) {
+    using T = typename Storage<D>::T;
+    using A = typename Storage<D>::Acc;
+    const int vec = Pack<T>::VEC;
+    const bool packed = n % vec == 0 && xs % vec == 0 && aligned16(x) && aligned16(y) &&
+                        (!w || aligned16(w));
+    const Shape s = choose_shape(rows, n, packed ? vec : 1, kMaxGrid);
+    const T *xp = static_cast<const T *>(x), *wp = static_cast<const T *>(w);
+    T *yp = static_cast<T *>(y);
+    A *ip = static_cast<A *>(inv_rms);
+#define OPSMITH_LAUNCH_FWD(P, WR) \
+    rms_norm_fwd_kernel<T, A, P, WR><<<(unsigned)s.grid, s.threads, 0, stream>>>(rows, n, xp, xs, wp, (A)eps, yp, ip)
+    if (packed) { if (s.warp_rows) OPSMITH_LAUNCH_FWD(true, true); else OPSMITH_LAUNCH_FWD(true, false); }
+    else { if (s.warp_rows) OPSMITH_LAUNCH_FWD(false, true); else OPSMITH_LAUNCH_FWD(false, false); }
+#undef OPSMITH_LAUNCH_FWD
+    return launch_status();
+}
+
+template <opsmith_dtype D>
+opsmith_status bwd(int64_t rows, int64_t n, const void *dy, int64_t dys, const void *x, int64_t xs,
+                   const void *w, const void *inv_rms, void *dx, void *dw, void *workspace,
+                   cudaStream_t stream) {
+    using T = typename Storage<D>::T;
+    using A = typename Storage<D>::Acc;
+    const int vec = Pack<T>::VEC;
+    const bool packed = n % vec == 0 && xs % vec == 0 && dys % vec == 0 && aligned16(x) &&
+                        aligned16(dy) && aligned16(dx) && (!w || aligned16(w));
+    const Shape s = choose_shape(rows, n, packed ? vec : 1, bwd_max_groups(rows, n));
+    const T *dyp = static_cast<const T *>(dy), *xp = static_cast<const T *>(x),
+            *wp = static_cast<const T *>(w);
+    const A *ip = static_cast<const A *>(inv_rms);
+    T *dxp = static_cast<T *>(dx);
+    A *partial = dw ? static_cast<A *>(workspace) : nullptr;
+#define OPSMITH_LAUNCH_BWD(P, WR) \
+    rms_norm_bwd_kernel<T, A, P, WR><<<(unsigned)s.grid, s.threads, 0, stream>>>(rows, n, dyp, dys, xp, xs, wp, ip, dxp, partial)
+    if (packed) { if (s.warp_rows) OPSMITH_LAUNCH_BWD(true, true); else OPSMITH_LAUNCH_BWD(true, false); }
+    else { if (s.warp_rows) OPSMITH_LAUNCH_BWD(false, true); else OPSMITH_LAUNCH_BWD(false, false); }
+#undef OPSMITH_LAUNCH_BWD
+    opsmith_status st = launch_status();
+    if (st != OPSMITH_STATUS_SUCCESS || !dw) return st;
+    const int threads = 256;
+    int64_t grid = (n + threads - 1) / threads;
+    if (grid > kMaxGrid) grid = kMaxGrid;
+    rms_norm_dweight_kernel<T, A><<<(unsigned)grid, threads, 0, stream>>>(s.groups, n, partial,
+                                                                            static_cast<T *>(dw));
+    return launch_status();
+}
+
+bool bad_pointers(opsmith_dtype dtype, std::initializer_list<const void *> ptrs) {
+    for (const void *p : ptrs)
+        if (p && !element_aligned(p, dtype)) return true;
+    return false;
+}
+
+} // namespace
+} // namespace opsmith
+
+using namespace opsmith;
+
+extern "C" int opsmith_has_cuda(void) { return 1; }
+
+extern "C" opsmith_status opsmith_rms_norm_fwd_cuda(opsmith_dtype dtype, int64_t rows, int64_t n,
+                                                    const void *x, int64_t x_row_stride,
+                                                    const void *weight, double eps, void *y,
+                                                    void *inv_rms, opsmith_cuda_stream stream) {
+    opsmith_status st = opsmith_internal_rms_norm_check(dtype, rows, n, x, x_row_stride, nullptr, 0,
+                                                        eps, y, inv_rms);
+    if (st != OPSMITH_STATUS_SUCCESS || rows == 0) return st;
+    if (bad_pointers(dtype, {x, weight, y})) return OPSMITH_STATUS_MISALIGNED;
+    switch (dtype) {
+    case OPSMITH_DTYPE_F64: return fwd<OPSMITH_DTYPE_F64>(rows, n, x, x_row_stride, weight, eps, y, inv_rms, stream);
+    case OPSMITH_DTYPE_F32: return fwd<OPSMITH_DTYPE_F32>(rows, n, x, x_row_stride, weight, eps, y, inv_rms, stream);
+    case OPSMITH_DTYPE_F16: return fwd<OPSMITH_DTYPE_F16>(rows, n, x, x_row_stride, weight, eps, y, inv_rms, stream);
+    case OPSMITH_DTYPE_BF16: return fwd<OPSMITH_DTYPE_BF16>(rows, n, x, x_row_stride, weight, eps, y, inv_rms, stream);
+    default: return OPSMITH_STATUS_UNSUPPORTED_DTYPE;
+    }
+}
+
+extern "C" size_t opsmith_rms_norm_bwd_cuda_workspace_size(opsmith_dtype dtype, int64_t rows, int64_t n,
+                                                           int with_dweight) {
+    if (!with_dweight || rows <= 0 || n <= 0 || (unsigned)dtype >= OPSMITH_DTYPE_COUNT) return 0;
+    const int64_t vec = step_of(dtype);
+    /* the packed or element path may be taken: size for the larger grid */
+    const Shape a = choose_shape(rows, n, (int)vec, bwd_max_groups(rows, n));
+    const Shape b = choose_shape(rows, n, 1, bwd_max_groups(rows, n));
+    const int64_t groups = a.groups > b.groups ? a.groups : b.groups;
+    return (size_t)(groups * n) * opsmith_dtype_size(opsmith_dtype_accumulate(dtype));
+}
+
+extern "C" opsmith_status opsmith_rms_norm_bwd_cuda(opsmith_dtype dtype, int64_t rows, int64_t n,
+                                                    const void *dy, int64_t dy_row_stride,
+                                                    const void *x, int64_t x_row_stride,
+                                                    const void *weight, const void *inv_rms,
+                                                    void *dx, void *dweight, void *workspace,
+                                                    size_t workspace_bytes,
+                                                    opsmith_cuda_stream stream) {
+    opsmith_status st = opsmith_internal_rms_norm_check(dtype, rows, n, x, x_row_stride,
+                                                        dy ? dy : x, dy_row_stride, 0.0, dx, inv_rms);
+    if (st != OPSMITH_STATUS_SUCCESS) return st;
+    if (rows > 0 && !dy) return OPSMITH_STATUS_INVALID_ARGUMENT;
+    void *dw = weight ? dweight : nullptr;
+    if (rows == 0) {
+        /* no rows: the weight gradient is an empty sum */
+        if (dw && cudaMemsetAsync(dw, 0, (size_t)n * opsmith_dtype_size(dtype), stream) != cudaSuccess)
+            return launch_status();
+        return OPSMITH_STATUS_SUCCESS;
+    }
+    if (bad_pointers(dtype, {dy, x, weight, dx, dw})) return OPSMITH_STATUS_MISALIGNED;
+    if (dw) {
+        if (workspace_bytes < opsmith_rms_norm_bwd_cuda_workspace_size(dtype, rows, n, 1))
+            return OPSMITH_STATUS_WORKSPACE_TOO_SMALL;
+        if (!workspace || !aligned16(workspace)) return OPSMITH_STATUS_MISALIGNED;
+    }
+    switch (dtype) {
+    case OPSMITH_DTYPE_F64:
+        return bwd<OPSMITH_DTYPE_F64>(rows, n, dy, dy_row_stride, x, x_row_stride, weight, inv_rms, dx, dw, workspace, stream);
+    case OPSMITH_DTYPE_F32:
+        return bwd<OPSMITH_DTYPE_F32>(rows, n, dy, dy_row_stride, x, x_row_stride, weight, inv_rms, dx, dw, workspace, stream);
+    case OPSMITH_DTYPE_F16:
+        return bwd<OPSMITH_DTYPE_F16>(rows, n, dy, dy_row_stride, x, x_row_stride, weight, inv_rms, dx, dw, workspace, stream);
+    case OPSMITH_DTYPE_BF16:
+        return bwd<OPSMITH_DTYPE_BF16>(rows, n, dy, dy_row_stride, x, x_row_stride, weight, inv_rms, dx, dw, workspace, stream);
+    default: return OPSMITH_STATUS_UNSUPPORTED_DTYPE;
+    }
+}

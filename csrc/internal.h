@@ -1,0 +1,25 @@
+/* Declarations shared by the library's own translation units (C and CUDA),
+ * not part of the public ABI. */
+#ifndef OPSMITH_INTERNAL_H
+#define OPSMITH_INTERNAL_H
+
+#include "opsmith.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Remember the CUDA runtime's message for opsmith_last_cuda_error(). */
+void opsmith_internal_set_cuda_error(const char *message);
+
+/* One validator per op, called by both its CPU and CUDA launchers.
+ * dy may be NULL for the forward pass. */
+opsmith_status opsmith_internal_rms_norm_check(opsmith_dtype dtype, int64_t rows, int64_t n,
+                                               const void *x, int64_t x_row_stride,
+                                               const void *dy, int64_t dy_row_stride,
+                                               double eps, const void *out, const void *inv_rms);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* OPSMITH_INTERNAL_H */

@@ -1,0 +1,88 @@
+// Helpers every bridge function uses to turn tensors into C ABI arguments.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/Exception.h>
+
+#include "opsmith.h"
+
+#if OPSMITH_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#endif
+
+namespace opsmith {
+
+inline opsmith_dtype dtype_of(const at::Tensor &t, const char *op, const char *arg) {
+    switch (t.scalar_type()) {
+    case at::kDouble: return OPSMITH_DTYPE_F64;
+    case at::kFloat: return OPSMITH_DTYPE_F32;
+    case at::kHalf: return OPSMITH_DTYPE_F16;
+    case at::kBFloat16: return OPSMITH_DTYPE_BF16;
+    default:
+        TORCH_CHECK_TYPE(false, op, ": ", arg, " must be float64, float32, float16 or bfloat16, got ",
+                         t.scalar_type());
+    }
+}
+
+// The dtype statistics are kept in: float64 for float64, else float32.
+inline at::ScalarType accumulate_type(const at::Tensor &t) {
+    return t.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+}
+
+inline void check_same_device(const at::Tensor &t, const at::Tensor &x, const char *op,
+                              const char *arg) {
+    TORCH_CHECK(t.device() == x.device(), op, ": ", arg, " must be on the same device as x (",
+                x.device(), "), got ", t.device());
+}
+
+inline void check_same_dtype(const at::Tensor &t, const at::Tensor &x, const char *op,
+                             const char *arg) {
+    TORCH_CHECK_TYPE(t.scalar_type() == x.scalar_type(), op, ": ", arg,
+                     " must have the same dtype as x (", x.scalar_type(), "), got ",
+                     t.scalar_type());
+}
+
+inline void check_device_supported(const at::Tensor &x, const char *op) {
+#if OPSMITH_WITH_CUDA
+    TORCH_CHECK(x.is_cpu() || x.is_cuda(), op, ": x must be a CPU or CUDA tensor, got ", x.device());
+#else
+    TORCH_CHECK(x.is_cpu(), op, ": x must be a CPU tensor (this build has no CUDA), got ",
+                x.device());
+#endif
+}
+
+// A tensor seen as (rows, n): its last dim contiguous and its leading dims
+// collapsible into one row stride. Views that are not (transposed last dims,
+// overlapping rows) are copied once into a contiguous tensor.
+struct Rows {
+    at::Tensor tensor; // keeps a copy alive when one was made
+    int64_t rows;
+    int64_t n;
+    int64_t stride;
+    const void *data() const { return tensor.data_ptr(); }
+};
+
+inline Rows as_rows(const at::Tensor &t) {
+    const int64_t n = t.size(-1);
+    const int64_t rows = n > 0 ? t.numel() / n : 0;
+    bool ok = t.stride(-1) == 1 || n == 1;
+    int64_t stride = n, expected = -1;
+    for (int64_t d = t.dim() - 2; d >= 0 && ok; d--) {
+        if (t.size(d) == 1) continue;
+        if (expected < 0) stride = t.stride(d);
+        else ok = t.stride(d) == expected;
+        expected = t.stride(d) * t.size(d);
+    }
+    if (rows > 1 && stride < n) ok = false;
+    if (!ok) return Rows{t.contiguous(), rows, n, n};
+    return Rows{t, rows, n, stride};
+}
+
+inline void check_status(opsmith_status status, const char *op) {
+    if (status == OPSMITH_STATUS_CUDA_ERROR)
+        TORCH_CHECK(false, op, ": CUDA error: ", opsmith_last_cuda_error());
+    TORCH_CHECK(status == OPSMITH_STATUS_SUCCESS, op, ": ", opsmith_status_string(status));
+}
+
+} // namespace opsmith

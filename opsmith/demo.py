@@ -1,0 +1,90 @@
+"""The demo: RMSNorm forward+backward through route A and route B on the best
+device present, checked against PyTorch in float64, timed against eager
+PyTorch (torch.nn.functional.rms_norm), printed as a table."""
+import argparse
+import time
+
+import torch
+
+import opsmith
+import opsmith.pybind
+
+# max |out - ref| / max(1, max |ref|) allowed for each dtype (output rounding)
+TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+
+def _fwd_bwd(fn, x, w, dy):
+    x = x.detach().requires_grad_()
+    w = w.detach().requires_grad_()
+    y = fn(x, w)
+    dx, dw = torch.autograd.grad(y, (x, w), dy)
+    return y.detach(), dx, dw
+
+
+def _rel_err(outs, refs):
+    return max(((o.double() - r).abs().max() / r.abs().max().clamp_min(1.0)).item()
+               for o, r in zip(outs, refs))
+
+
+def _time_ms(fn, device, reps):
+    """Median time of fn() in milliseconds (CUDA events on a GPU)."""
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(reps):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m opsmith demo")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    shapes = [(4096, 4096), (1024, 8192)] if device.type == "cuda" else [(256, 1024), (64, 4096)]
+    reps = 50 if device.type == "cuda" else 10
+    gen = torch.Generator(device="cpu").manual_seed(0)
+
+    routes = {
+        "B torch.library": lambda x, w: opsmith.rms_norm(x, w),
+        "A pybind11": lambda x, w: opsmith.pybind.rms_norm(x, w),
+    }
+    eager = lambda x, w: torch.nn.functional.rms_norm(x, (x.shape[-1],), w)  # noqa: E731
+
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    print(f"opsmith RMSNorm forward+backward on {name} (torch {torch.__version__})")
+    header = (f"{'dtype':<9} {'shape':<12} {'err B':>9} {'err A':>9} {'A==B':>5} "
+              f"{'opsmith ms':>11} {'eager ms':>9} {'speed-up':>8}")
+    print(header)
+    print("-" * len(header))
+    ok = True
+    for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
+        for rows, n in shapes:
+            x = torch.randn(rows, n, generator=gen).to(device, dtype)
+            w = (1 + 0.1 * torch.randn(n, generator=gen)).to(device, dtype)
+            dy = torch.randn(rows, n, generator=gen).to(device, dtype)
+            eps = torch.finfo(dtype).eps
+            ref = _fwd_bwd(lambda a, b: torch.nn.functional.rms_norm(a, (n,), b, eps),
+                           x.double(), w.double(), dy.double())
+            out = {k: _fwd_bwd(f, x, w, dy) for k, f in routes.items()}
+            err_b = _rel_err(out["B torch.library"], ref)
+            err_a = _rel_err(out["A pybind11"], ref)
+            same = all(torch.equal(a, b) for a, b in zip(out["A pybind11"], out["B torch.library"]))
+            ok &= err_a <= TOLERANCE[dtype] and err_b <= TOLERANCE[dtype] and same
+            t_ops = _time_ms(lambda: _fwd_bwd(routes["B torch.library"], x, w, dy), device, reps)
+            t_eager = _time_ms(lambda: _fwd_bwd(eager, x, w, dy), device, reps)
+            print(f"{str(dtype).replace('torch.', ''):<9} {f'{rows}x{n}':<12} {err_b:>9.2e} {err_a:>9.2e} "
+                  f"{'yes' if same else 'NO':>5} {t_ops:>11.3f} {t_eager:>9.3f} {t_eager / t_ops:>7.2f}x")
+    print("all results within tolerance, routes A and B identical" if ok else "MISMATCH: see rows above")
+    return 0 if ok else 1
