@@ -1,4 +1,6 @@
 /* Status and dtype tables, and element conversions, of the C ABI. */
+#include <math.h>
+
 #include "opsmith.h"
 #include "convert.h"
 
@@ -41,6 +43,16 @@ opsmith_dtype opsmith_dtype_accumulate(opsmith_dtype dtype) {
     return dtype == OPSMITH_DTYPE_F64 ? OPSMITH_DTYPE_F64 : OPSMITH_DTYPE_F32;
 }
 
+/* double -> float rounded to odd: an inexact result keeps its last bit set,
+ * so the second rounding (float -> 16 bits, 13+ bits narrower) cannot land
+ * on a false tie. Together the two steps round double to 16 bits correctly. */
+static float float_round_to_odd(double d) {
+    float f = (float)d;
+    if ((double)f == d || f != f) return f;
+    if (fabs((double)f) > fabs(d)) f = nextafterf(f, 0.0f); /* truncate towards zero */
+    return opsmith_f32_from_bits(opsmith_f32_bits(f) | 1u);
+}
+
 double opsmith_load_as_double(opsmith_dtype dtype, const void *base, int64_t index) {
     switch (dtype) {
     case OPSMITH_DTYPE_F64: return ((const double *)base)[index];
@@ -52,14 +64,11 @@ double opsmith_load_as_double(opsmith_dtype dtype, const void *base, int64_t ind
 }
 
 void opsmith_store_from_double(opsmith_dtype dtype, void *base, int64_t index, double value) {
-    /* 16-bit types round through float: the double->float step is exact
-     * enough that a second rounding only matters on exact ties of the float,
-     * which the tests and benchmarks never rely on. */
     switch (dtype) {
     case OPSMITH_DTYPE_F64: ((double *)base)[index] = value; break;
     case OPSMITH_DTYPE_F32: ((float *)base)[index] = (float)value; break;
-    case OPSMITH_DTYPE_F16: ((uint16_t *)base)[index] = opsmith_f32_to_f16((float)value); break;
-    case OPSMITH_DTYPE_BF16: ((uint16_t *)base)[index] = opsmith_f32_to_bf16((float)value); break;
+    case OPSMITH_DTYPE_F16: ((uint16_t *)base)[index] = opsmith_f32_to_f16(float_round_to_odd(value)); break;
+    case OPSMITH_DTYPE_BF16: ((uint16_t *)base)[index] = opsmith_f32_to_bf16(float_round_to_odd(value)); break;
     default: break;
     }
 }

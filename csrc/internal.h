@@ -13,11 +13,13 @@ extern "C" {
 void opsmith_internal_set_cuda_error(const char *message);
 
 /* One validator per op, called by both its CPU and CUDA launchers.
- * dy may be NULL for the forward pass. */
+ * For the forward pass dy and dweight are NULL and out is y; for the
+ * backward pass out is dx. */
 opsmith_status opsmith_internal_rms_norm_check(opsmith_dtype dtype, int64_t rows, int64_t n,
                                                const void *x, int64_t x_row_stride,
                                                const void *dy, int64_t dy_row_stride,
-                                               double eps, const void *out, const void *inv_rms);
+                                               const void *weight, double eps, const void *out,
+                                               const void *inv_rms, const void *dweight);
 
 #ifdef __cplusplus
 }

@@ -8,10 +8,13 @@
 #include "convert.h"
 #include "internal.h"
 
+static int misaligned(const void *p, size_t size) { return p && (uintptr_t)p % size != 0; }
+
 opsmith_status opsmith_internal_rms_norm_check(opsmith_dtype dtype, int64_t rows, int64_t n,
                                                const void *x, int64_t x_row_stride,
                                                const void *dy, int64_t dy_row_stride,
-                                               double eps, const void *out, const void *inv_rms) {
+                                               const void *weight, double eps, const void *out,
+                                               const void *inv_rms, const void *dweight) {
     if ((unsigned)dtype >= OPSMITH_DTYPE_COUNT) return OPSMITH_STATUS_UNSUPPORTED_DTYPE;
     if (rows < 0 || n < 1) return OPSMITH_STATUS_INVALID_ARGUMENT;
     if (!(eps >= 0.0)) return OPSMITH_STATUS_INVALID_ARGUMENT; /* also rejects NaN */
@@ -20,7 +23,12 @@ opsmith_status opsmith_internal_rms_norm_check(opsmith_dtype dtype, int64_t rows
     /* rows may share storage (stride 0, as in an expanded tensor) only if
      * there is one row; otherwise a row must not overlap the next */
     if (x_row_stride < n && rows > 1) return OPSMITH_STATUS_INVALID_ARGUMENT;
-    if (dy_row_stride < n && dy && rows > 1) return OPSMITH_STATUS_INVALID_ARGUMENT;
+    if (dy && dy_row_stride < n && rows > 1) return OPSMITH_STATUS_INVALID_ARGUMENT;
+    const size_t size = opsmith_dtype_size(dtype);
+    const size_t acc_size = opsmith_dtype_size(opsmith_dtype_accumulate(dtype));
+    if (misaligned(x, size) || misaligned(dy, size) || misaligned(weight, size) ||
+        misaligned(out, size) || misaligned(dweight, size) || misaligned(inv_rms, acc_size))
+        return OPSMITH_STATUS_MISALIGNED;
     return OPSMITH_STATUS_SUCCESS;
 }
 
@@ -40,19 +48,45 @@ opsmith_status opsmith_internal_rms_norm_check(opsmith_dtype dtype, int64_t rows
  * a fixed order, so the result does not depend on the thread count. */
 #define DWEIGHT_CHUNKS 64
 
+/* Row sums run block by block: inside a block of BLOCK elements, LANES
+ * interleaved partial sums added pairwise; the block sums in LANES more.
+ * Rounding error then grows with BLOCK / LANES + n / (BLOCK * LANES)
+ * rather than n, and the compiler can keep the lanes in vector registers. */
+#define LANES 8
+#define BLOCK 512
+
 #define DEFINE_RMS_NORM(SUFFIX, T, ACC, LOAD, STORE)                                              \
+    static ACC sum_lanes_##SUFFIX(ACC *l) {                                                       \
+        for (int w = LANES / 2; w > 0; w /= 2)                                                    \
+            for (int k = 0; k < w; k++) l[k] += l[k + w];                                         \
+        return l[0];                                                                              \
+    }                                                                                             \
+                                                                                                  \
+    /* sum_i a[i] * b[i] * (c ? c[i] : 1); b == a gives the sum of squares */                     \
+    static ACC dot_##SUFFIX(const T *a, const T *b, const T *c, int64_t n) {                      \
+        ACC blocks[LANES] = {0};                                                                  \
+        for (int64_t b0 = 0, nb = 0; b0 < n; b0 += BLOCK, nb++) {                                 \
+            const int64_t b1 = b0 + BLOCK < n ? b0 + BLOCK : n;                                   \
+            ACC lanes[LANES] = {0};                                                               \
+            if (c)                                                                                \
+                for (int64_t i = b0; i < b1; i++)                                                 \
+                    lanes[i % LANES] += LOAD(a[i]) * LOAD(b[i]) * LOAD(c[i]);                     \
+            else                                                                                  \
+                for (int64_t i = b0; i < b1; i++) lanes[i % LANES] += LOAD(a[i]) * LOAD(b[i]);   \
+            blocks[nb % LANES] += sum_lanes_##SUFFIX(lanes);                                      \
+        }                                                                                         \
+        return sum_lanes_##SUFFIX(blocks);                                                        \
+    }                                                                                             \
+                                                                                                  \
+    static ACC sum_squares_##SUFFIX(const T *x, int64_t n) { return dot_##SUFFIX(x, x, NULL, n); } \
+                                                                                                  \
     static void rms_norm_fwd_##SUFFIX(int64_t rows, int64_t n, const T *x, int64_t xs,            \
                                       const T *w, ACC eps, T *y, ACC *inv_rms) {                   \
         _Pragma("omp parallel for schedule(static)")                                              \
         for (int64_t r = 0; r < rows; r++) {                                                      \
             const T *xr = x + r * xs;                                                             \
             T *yr = y + r * n;                                                                    \
-            ACC sum_sq = 0;                                                                       \
-            for (int64_t i = 0; i < n; i++) {                                                     \
-                ACC v = LOAD(xr[i]);                                                              \
-                sum_sq += v * v;                                                                  \
-            }                                                                                     \
-            ACC inv = (ACC)1 / sqrt(sum_sq / (ACC)n + eps);                                       \
+            ACC inv = (ACC)1 / sqrt(sum_squares_##SUFFIX(xr, n) / (ACC)n + eps);                  \
             inv_rms[r] = inv;                                                                     \
             if (w)                                                                                \
                 for (int64_t i = 0; i < n; i++) yr[i] = STORE(LOAD(xr[i]) * inv * LOAD(w[i]));   \
@@ -68,10 +102,8 @@ opsmith_status opsmith_internal_rms_norm_check(opsmith_dtype dtype, int64_t rows
         for (int64_t r = r0; r < r1; r++) {                                                       \
             const T *xr = x + r * xs, *dyr = dy + r * dys;                                        \
             T *dxr = dx + r * n;                                                                  \
-            ACC inv = inv_rms[r], dot = 0;                                                        \
-            for (int64_t i = 0; i < n; i++)                                                       \
-                dot += LOAD(dyr[i]) * (w ? LOAD(w[i]) : (ACC)1) * LOAD(xr[i]);                    \
-            ACC scale = inv * inv * inv * dot / (ACC)n;                                           \
+            ACC inv = inv_rms[r];                                                                 \
+            ACC scale = inv * inv * inv * dot_##SUFFIX(dyr, xr, w, n) / (ACC)n;                   \
             for (int64_t i = 0; i < n; i++) {                                                     \
                 ACC g = LOAD(dyr[i]), xv = LOAD(xr[i]);                                           \
                 if (partial) partial[i] += g * xv * inv;                                          \
@@ -118,7 +150,7 @@ opsmith_status opsmith_rms_norm_fwd_cpu(opsmith_dtype dtype, int64_t rows, int64
                                         const void *weight, double eps,
                                         void *y, void *inv_rms) {
     opsmith_status s = opsmith_internal_rms_norm_check(dtype, rows, n, x, x_row_stride, NULL, 0,
-                                                       eps, y, inv_rms);
+                                                       weight, eps, y, inv_rms, NULL);
     if (s != OPSMITH_STATUS_SUCCESS || rows == 0) return s;
     switch (dtype) {
     case OPSMITH_DTYPE_F64: rms_norm_fwd_f64(rows, n, x, x_row_stride, weight, eps, y, inv_rms); break;
@@ -136,7 +168,8 @@ opsmith_status opsmith_rms_norm_bwd_cpu(opsmith_dtype dtype, int64_t rows, int64
                                         const void *weight, const void *inv_rms,
                                         void *dx, void *dweight) {
     opsmith_status s = opsmith_internal_rms_norm_check(dtype, rows, n, x, x_row_stride,
-                                                       dy ? dy : x, dy_row_stride, 0.0, dx, inv_rms);
+                                                       dy ? dy : x, dy_row_stride, weight, 0.0, dx,
+                                                       inv_rms, weight ? dweight : NULL);
     if (s != OPSMITH_STATUS_SUCCESS) return s;
     if (rows > 0 && !dy) return OPSMITH_STATUS_INVALID_ARGUMENT;
     void *dw = weight ? dweight : NULL;

@@ -84,8 +84,4 @@ static inline opsmith_status launch_status(void) {
     return OPSMITH_STATUS_CUDA_ERROR;
 }
 
-static inline bool element_aligned(const void *p, opsmith_dtype dtype) {
-    return (reinterpret_cast<uintptr_t>(p) % opsmith_dtype_size(dtype)) == 0;
-}
-
 } // namespace opsmith

@@ -270,12 +270,6 @@ opsmith_status bwd(int64_t rows, int64_t n, const void *dy, int64_t dys, const v
     return launch_status();
 }
 
-bool bad_pointers(opsmith_dtype dtype, std::initializer_list<const void *> ptrs) {
-    for (const void *p : ptrs)
-        if (p && !element_aligned(p, dtype)) return true;
-    return false;
-}
-
 } // namespace
 } // namespace opsmith
 
@@ -288,9 +282,8 @@ extern "C" opsmith_status opsmith_rms_norm_fwd_cuda(opsmith_dtype dtype, int64_t
                                                     const void *weight, double eps, void *y,
                                                     void *inv_rms, opsmith_cuda_stream stream) {
     opsmith_status st = opsmith_internal_rms_norm_check(dtype, rows, n, x, x_row_stride, nullptr, 0,
-                                                        eps, y, inv_rms);
+                                                        weight, eps, y, inv_rms, nullptr);
     if (st != OPSMITH_STATUS_SUCCESS || rows == 0) return st;
-    if (bad_pointers(dtype, {x, weight, y})) return OPSMITH_STATUS_MISALIGNED;
     switch (dtype) {
     case OPSMITH_DTYPE_F64: return fwd<OPSMITH_DTYPE_F64>(rows, n, x, x_row_stride, weight, eps, y, inv_rms, stream);
     case OPSMITH_DTYPE_F32: return fwd<OPSMITH_DTYPE_F32>(rows, n, x, x_row_stride, weight, eps, y, inv_rms, stream);
@@ -319,7 +312,8 @@ extern "C" opsmith_status opsmith_rms_norm_bwd_cuda(opsmith_dtype dtype, int64_t
                                                     size_t workspace_bytes,
                                                     opsmith_cuda_stream stream) {
     opsmith_status st = opsmith_internal_rms_norm_check(dtype, rows, n, x, x_row_stride,
-                                                        dy ? dy : x, dy_row_stride, 0.0, dx, inv_rms);
+                                                        dy ? dy : x, dy_row_stride, weight, 0.0, dx,
+                                                        inv_rms, weight ? dweight : nullptr);
     if (st != OPSMITH_STATUS_SUCCESS) return st;
     if (rows > 0 && !dy) return OPSMITH_STATUS_INVALID_ARGUMENT;
     void *dw = weight ? dweight : nullptr;
@@ -329,7 +323,6 @@ extern "C" opsmith_status opsmith_rms_norm_bwd_cuda(opsmith_dtype dtype, int64_t
             return launch_status();
         return OPSMITH_STATUS_SUCCESS;
     }
-    if (bad_pointers(dtype, {dy, x, weight, dx, dw})) return OPSMITH_STATUS_MISALIGNED;
     if (dw) {
         if (workspace_bytes < opsmith_rms_norm_bwd_cuda_workspace_size(dtype, rows, n, 1))
             return OPSMITH_STATUS_WORKSPACE_TOO_SMALL;

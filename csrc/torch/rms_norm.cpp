@@ -29,13 +29,13 @@ opsmith_dtype check_x_weight(const at::Tensor &x, const std::optional<at::Tensor
     TORCH_CHECK(x.dim() >= 1, kOp, ": x must have at least 1 dimension, got a 0-dim tensor");
     const opsmith_dtype dtype = dtype_of(x, kOp, "x");
     TORCH_CHECK(x.size(-1) > 0, kOp, ": x must have a non-empty last dimension, got shape ",
-                x.sizes());
+                text(x.sizes()));
     if (weight.has_value()) {
         const at::Tensor &w = *weight;
         check_same_device(w, x, kOp, "weight");
         check_same_dtype(w, x, kOp, "weight");
         TORCH_CHECK(w.dim() == 1 && w.size(0) == x.size(-1), kOp, ": weight must have shape [",
-                    x.size(-1), "] (last dim of x), got ", w.sizes());
+                    text(x.size(-1)), "] (last dim of x), got ", text(w.sizes()));
     }
     return dtype;
 }
@@ -53,7 +53,7 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_fwd(const at::Tensor &x,
                                                 std::optional<double> eps) {
     const opsmith_dtype dtype = check_x_weight(x, weight);
     const double e = eps.has_value() ? *eps : default_eps(x.scalar_type());
-    TORCH_CHECK(std::isfinite(e) && e >= 0.0, kOp, ": eps must be a finite number >= 0, got ", e);
+    TORCH_CHECK(std::isfinite(e) && e >= 0.0, kOp, ": eps must be a finite number >= 0, got ", text(e));
 
     const Rows xr = as_rows(x);
     at::Tensor w_holder;
@@ -83,14 +83,14 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_bwd(const at::Tensor &dy, const at::
     const opsmith_dtype dtype = check_x_weight(x, weight);
     check_same_device(dy, x, kOp, "dy");
     check_same_dtype(dy, x, kOp, "dy");
-    TORCH_CHECK(dy.sizes() == x.sizes(), kOp, ": dy must have the shape of x (", x.sizes(), "), got ",
-                dy.sizes());
+    TORCH_CHECK(dy.sizes() == x.sizes(), kOp, ": dy must have the shape of x ", text(x.sizes()), ", got ",
+                text(dy.sizes()));
     check_same_device(inv_rms, x, kOp, "inv_rms");
-    TORCH_CHECK_TYPE(inv_rms.scalar_type() == accumulate_type(x), kOp, ": inv_rms must be ",
+    TORCH_CHECK(inv_rms.scalar_type() == accumulate_type(x), kOp, ": inv_rms must be ",
                      accumulate_type(x), " for ", x.scalar_type(), " x, got ", inv_rms.scalar_type());
     TORCH_CHECK(inv_rms.sizes() == x.sizes().slice(0, x.dim() - 1), kOp,
-                ": inv_rms must have shape x.shape[:-1] (", x.sizes().slice(0, x.dim() - 1),
-                "), got ", inv_rms.sizes());
+                ": inv_rms must have shape x.shape[:-1] ", text(x.sizes().slice(0, x.dim() - 1)),
+                ", got ", text(inv_rms.sizes()));
 
     const Rows xr = as_rows(x), dyr = as_rows(dy);
     const at::Tensor inv = inv_rms.contiguous();

@@ -4,6 +4,9 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
 
+#include <cstdio>
+#include <string>
+
 #include "opsmith.h"
 
 #if OPSMITH_WITH_CUDA
@@ -13,6 +16,28 @@
 
 namespace opsmith {
 
+// Numbers and shapes for error messages are formatted here with snprintf
+// rather than streamed: on a machine whose C++ compiler is newer than the
+// one torch was built with, streaming an integer or a double through the
+// libstdc++ loaded by torch crashed (seen on the GPU machine); strings are safe.
+inline std::string text(double v) {
+    char buf[32];
+    snprintf(buf, sizeof buf, "%g", v);
+    return buf;
+}
+
+inline std::string text(int64_t v) {
+    char buf[32];
+    snprintf(buf, sizeof buf, "%lld", (long long)v);
+    return buf;
+}
+
+inline std::string text(at::IntArrayRef shape) {
+    std::string s = "[";
+    for (size_t i = 0; i < shape.size(); i++) s += (i ? ", " : "") + text(shape[i]);
+    return s + "]";
+}
+
 inline opsmith_dtype dtype_of(const at::Tensor &t, const char *op, const char *arg) {
     switch (t.scalar_type()) {
     case at::kDouble: return OPSMITH_DTYPE_F64;
@@ -20,7 +45,7 @@ inline opsmith_dtype dtype_of(const at::Tensor &t, const char *op, const char *a
     case at::kHalf: return OPSMITH_DTYPE_F16;
     case at::kBFloat16: return OPSMITH_DTYPE_BF16;
     default:
-        TORCH_CHECK_TYPE(false, op, ": ", arg, " must be float64, float32, float16 or bfloat16, got ",
+        TORCH_CHECK(false, op, ": ", arg, " must be float64, float32, float16 or bfloat16, got ",
                          t.scalar_type());
     }
 }
@@ -38,7 +63,7 @@ inline void check_same_device(const at::Tensor &t, const at::Tensor &x, const ch
 
 inline void check_same_dtype(const at::Tensor &t, const at::Tensor &x, const char *op,
                              const char *arg) {
-    TORCH_CHECK_TYPE(t.scalar_type() == x.scalar_type(), op, ": ", arg,
+    TORCH_CHECK(t.scalar_type() == x.scalar_type(), op, ": ", arg,
                      " must have the same dtype as x (", x.scalar_type(), "), got ",
                      t.scalar_type());
 }

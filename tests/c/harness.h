@@ -1,0 +1,60 @@
+/* Minimal test harness shared by the C test files.
+ * CHECK never aborts: it counts a pass or a failure and prints the failure
+ * with its location and a message naming the case, so one run reports every
+ * broken case at once. */
+#ifndef OPSMITH_TEST_HARNESS_H
+#define OPSMITH_TEST_HARNESS_H
+
+#include <stdint.h>
+#include <stddef.h>
+
+#include "opsmith.h"
+
+#if defined(__GNUC__)
+#define HARNESS_PRINTF(fmt_index) __attribute__((format(printf, fmt_index, fmt_index + 1)))
+#else
+#define HARNESS_PRINTF(fmt_index)
+#endif
+
+/* Records one check; returns ok so callers can skip dependent checks. */
+int harness_check(int ok, const char *file, int line, const char *fmt, ...) HARNESS_PRINTF(4);
+/* Counts `count` cases as skipped (only CUDA cases without a device). */
+void harness_skip(int count);
+
+#define CHECK(cond, ...) harness_check((cond) ? 1 : 0, __FILE__, __LINE__, __VA_ARGS__)
+
+/* Seeded PRNG (splitmix64): reproducible inputs without libc rand(). */
+typedef struct test_rng {
+    uint64_t state;
+} test_rng;
+
+static inline uint64_t rng_next(test_rng *r)
+{
+    uint64_t z = (r->state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* Uniform in [0, 1). */
+static inline double rng_uniform(test_rng *r)
+{
+    return (double)(rng_next(r) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+/* Uniform in [-2, 2] but never within 2^-6 of zero, so no input is zero
+ * (or becomes zero after rounding to f16/bf16). */
+static inline double rng_value(test_rng *r)
+{
+    double v;
+    do {
+        v = 4.0 * rng_uniform(r) - 2.0;
+    } while (v > -0.015625 && v < 0.015625);
+    return v;
+}
+
+/* Test groups, one per file. */
+void test_types(void);
+void test_rms_norm(void);
+
+#endif /* OPSMITH_TEST_HARNESS_H */

@@ -1,0 +1,113 @@
+/* Shared between the CPU and CUDA RMSNorm tests: one case description, its
+ * generated inputs and float64 reference results, and the checks, so both
+ * backends are measured by exactly the same rules. */
+#ifndef OPSMITH_TEST_RMS_NORM_CASES_H
+#define OPSMITH_TEST_RMS_NORM_CASES_H
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+
+#if defined(OPSMITH_WITH_CUDA) && OPSMITH_WITH_CUDA
+#define TEST_CUDA 1
+#else
+#define TEST_CUDA 0
+#endif
+
+#define GUARD 64         /* bytes around every buffer that must stay untouched */
+#define GUARD_BYTE 0x5A
+#define POISON_BYTE 0xFF /* NaN in f64, f32, f16 and bf16 */
+
+static inline void *xmalloc(size_t bytes)
+{
+    void *p = malloc(bytes ? bytes : 1);
+    if (!p) {
+        fprintf(stderr, "out of host memory (%zu bytes)\n", bytes);
+        exit(2);
+    }
+    return p;
+}
+
+/* A host buffer laid out as [lead guard][payload][tail guard]. The lead
+ * includes any deliberate misalignment offset; the same image is copied to
+ * the device for CUDA runs, so both backends are checked identically.
+ * base == NULL stands for "no tensor" (a NULL argument). */
+typedef struct image {
+    unsigned char *base;
+    size_t lead, bytes, total;
+} image;
+
+static inline image image_new(size_t lead, size_t bytes)
+{
+    image im = {NULL, lead, bytes, lead + bytes + GUARD};
+    im.base = xmalloc(im.total);
+    memset(im.base, GUARD_BYTE, im.total);
+    memset(im.base + lead, POISON_BYTE, bytes);
+    return im;
+}
+
+static inline void *img(const image *im) { return im->base ? im->base + im->lead : NULL; }
+
+static inline void image_free(image *im)
+{
+    free(im->base);
+    im->base = NULL;
+}
+
+typedef struct rms_case {
+    opsmith_dtype dt;
+    int64_t rows, n;
+    int weight;            /* pass a weight (else NULL) */
+    int dweight;           /* pass a dweight buffer (must stay untouched when !weight) */
+    int64_t x_pad, dy_pad; /* extra elements between rows, filled with NaN */
+    int in_off;            /* x and dy start one element past an aligned address */
+    int out_off;           /* weight, y, dx, dweight one element off too */
+    double eps;
+} rms_case;
+
+typedef struct rms_data {
+    char name[160];
+    int64_t xs, dys;           /* row strides in elements */
+    image x, dy, w, inv_in;    /* inputs; inv_in in the accumulate dtype */
+    double *xd, *dyd, *wd, *inv_d; /* the same values, widened, contiguous */
+    double *y_ref, *inv_ref, *dx_ref, *dw_ref;
+    double y_scale, inv_scale, dx_scale, dw_scale; /* error is judged against tol * scale */
+} rms_data;
+
+typedef struct bwd_out {
+    image dx, dw;
+} bwd_out;
+
+bwd_out bwd_out_new(const rms_case *c);
+void bwd_out_free(bwd_out *o);
+void check_fwd(const rms_case *c, const rms_data *d, const char *be, const image *y,
+               const image *inv);
+void check_bwd(const rms_case *c, const rms_data *d, const char *be, const image *dx,
+               const image *dw);
+void check_same(const rms_case *c, const rms_data *d, const char *be, const char *how,
+                const bwd_out *a, const bwd_out *b);
+
+/* Arguments of one launcher call, for the bad-argument tests. */
+typedef struct call_args {
+    opsmith_dtype dt;
+    int64_t rows, n, xs, dys;
+    const void *x, *dy, *w, *inv_in;
+    double eps;
+    void *y, *inv, *dx, *dw, *ws;
+    size_t ws_bytes;
+} call_args;
+
+/* base must be a valid call with rows = 2, n = 4, all row strides 4. */
+void test_bad_args(int cuda, const call_args *base);
+
+/* CUDA side (test_rms_norm_cuda.c). cuda_begin returns 1 when CUDA cases
+ * run, 0 when they are skipped for want of a device, -1 when they are not
+ * compiled in. */
+int cuda_begin(void);
+void cuda_end(int cuda);
+void run_cuda(const rms_case *c, const rms_data *d);
+void test_bad_args_cuda(opsmith_dtype dt);
+
+#endif /* OPSMITH_TEST_RMS_NORM_CASES_H */

@@ -1,0 +1,414 @@
+/* RMSNorm launchers (CPU, and CUDA when built with OPSMITH_WITH_CUDA=1)
+ * against the float64 scalar reference.
+ *
+ * Inputs are drawn in double, rounded into the storage dtype, and the
+ * reference sees the rounded values, so only the kernel's own arithmetic and
+ * output rounding are measured. Outputs start as 0xFF bytes (NaN in every
+ * float type) so an unwritten element fails, and sit between guard bytes so
+ * a write outside the tensor fails too. */
+#include <math.h>
+
+#include "rms_norm_cases.h"
+
+/* The library's threads come from the same OpenMP runtime, so the test can
+ * change their count to check that dweight does not depend on it. */
+#if defined(__has_include)
+#if __has_include(<omp.h>)
+#include <omp.h>
+#define TEST_OMP 1
+#endif
+#endif
+#ifndef TEST_OMP
+#define TEST_OMP 0
+#endif
+
+static double tol_of(opsmith_dtype dt)
+{
+    switch (dt) {
+    case OPSMITH_DTYPE_F64: return 1e-12;
+    case OPSMITH_DTYPE_F32: return 2e-6;
+    case OPSMITH_DTYPE_F16: return 2e-3;
+    default: return 1.6e-2;
+    }
+}
+
+static double maxabs(const double *v, int64_t count)
+{
+    double m = 0.0;
+    for (int64_t i = 0; i < count; i++)
+        m = fmax(m, fabs(v[i]));
+    return m;
+}
+
+static int image_guards_ok(const image *im)
+{
+    for (size_t i = 0; i < im->total; i++)
+        if ((i < im->lead || i >= im->lead + im->bytes) && im->base[i] != GUARD_BYTE)
+            return 0;
+    return 1;
+}
+
+/* Still all poison and guards: nothing was written. */
+static int image_untouched(const image *im)
+{
+    for (size_t i = 0; i < im->bytes; i++)
+        if (im->base[im->lead + i] != POISON_BYTE)
+            return 0;
+    return image_guards_ok(im);
+}
+
+/* Fills x or dy: every element through the dtype, padding left as NaN. */
+static void fill_input(opsmith_dtype dt, image *im, double *wide, int64_t rows, int64_t n,
+                       int64_t stride, test_rng *rng)
+{
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t i = 0; i < n; i++) {
+            opsmith_store_from_double(dt, img(im), r * stride + i, rng_value(rng));
+            wide[r * n + i] = opsmith_load_as_double(dt, img(im), r * stride + i);
+        }
+}
+
+static void data_init(rms_data *d, const rms_case *c, test_rng *rng)
+{
+    const opsmith_dtype acc = opsmith_dtype_accumulate(c->dt);
+    const size_t es = opsmith_dtype_size(c->dt), aes = opsmith_dtype_size(acc);
+    const int64_t rows = c->rows, n = c->n, count = rows * n;
+    memset(d, 0, sizeof *d);
+    snprintf(d->name, sizeof d->name, "%s rows=%lld n=%lld w=%d dw=%d pad=%lld/%lld off=%d/%d eps=%g",
+             opsmith_dtype_name(c->dt), (long long)rows, (long long)n, c->weight, c->dweight,
+             (long long)c->x_pad, (long long)c->dy_pad, c->in_off, c->out_off, c->eps);
+    d->xs = n + c->x_pad;
+    d->dys = n + c->dy_pad;
+    d->x = image_new(GUARD + (size_t)c->in_off * es, (size_t)(rows * d->xs) * es);
+    d->dy = image_new(GUARD + (size_t)c->in_off * es, (size_t)(rows * d->dys) * es);
+    d->xd = xmalloc((size_t)count * sizeof(double));
+    d->dyd = xmalloc((size_t)count * sizeof(double));
+    fill_input(c->dt, &d->x, d->xd, rows, n, d->xs, rng);
+    fill_input(c->dt, &d->dy, d->dyd, rows, n, d->dys, rng);
+    if (c->weight) {
+        d->w = image_new(GUARD + (size_t)c->out_off * es, (size_t)n * es);
+        d->wd = xmalloc((size_t)n * sizeof(double));
+        fill_input(c->dt, &d->w, d->wd, 1, n, n, rng);
+    }
+
+    d->y_ref = xmalloc((size_t)count * sizeof(double));
+    d->inv_ref = xmalloc((size_t)rows * sizeof(double));
+    opsmith_rms_norm_fwd_reference(rows, n, d->xd, d->wd, c->eps, d->y_ref, d->inv_ref);
+
+    /* The backward gets the reference inv_rms rounded to the accumulate type,
+     * so a forward bug cannot hide or cause a backward failure. */
+    d->inv_in = image_new(GUARD, (size_t)rows * aes);
+    d->inv_d = xmalloc((size_t)rows * sizeof(double));
+    for (int64_t r = 0; r < rows; r++) {
+        opsmith_store_from_double(acc, img(&d->inv_in), r, d->inv_ref[r]);
+        d->inv_d[r] = opsmith_load_as_double(acc, img(&d->inv_in), r);
+    }
+    d->dx_ref = xmalloc((size_t)count * sizeof(double));
+    if (c->weight && c->dweight)
+        d->dw_ref = xmalloc((size_t)n * sizeof(double));
+    opsmith_rms_norm_bwd_reference(rows, n, d->dyd, d->xd, d->wd, d->inv_d, d->dx_ref, d->dw_ref);
+
+    d->y_scale = fmax(1.0, maxabs(d->y_ref, count));
+    d->inv_scale = fmax(1.0, maxabs(d->inv_ref, rows));
+    d->dw_scale = d->dw_ref ? maxabs(d->dw_ref, n) : 0.0;
+    /* dx = inv*(g - x*inv^2*mean(g*x)) cancels when x is nearly parallel to g
+     * (always for n == 1): the rounding error of any implementation scales
+     * with the two terms, not with their difference, so they set the scale. */
+    d->dx_scale = fmax(1.0, maxabs(d->dx_ref, count));
+    for (int64_t r = 0; r < rows; r++) {
+        const double inv = d->inv_d[r];
+        double m = 0.0;
+        for (int64_t i = 0; i < n; i++)
+            m += d->dyd[r * n + i] * (d->wd ? d->wd[i] : 1.0) * d->xd[r * n + i];
+        m /= (double)n;
+        for (int64_t i = 0; i < n; i++) {
+            double g = d->dyd[r * n + i] * (d->wd ? d->wd[i] : 1.0);
+            d->dx_scale = fmax(d->dx_scale, fabs(inv * g));
+            d->dx_scale = fmax(d->dx_scale, fabs(d->xd[r * n + i] * inv * inv * inv * m));
+        }
+    }
+}
+
+static void data_free(rms_data *d)
+{
+    image_free(&d->x), image_free(&d->dy), image_free(&d->w), image_free(&d->inv_in);
+    free(d->xd), free(d->dyd), free(d->wd), free(d->inv_d);
+    free(d->y_ref), free(d->inv_ref), free(d->dx_ref), free(d->dw_ref);
+}
+
+/* max |out - ref| <= tol * scale; a NaN anywhere counts as an infinite error. */
+static void check_close(const char *be, const rms_data *d, const char *what, opsmith_dtype dt,
+                        const void *out, const double *ref, int64_t count, double tol, double scale)
+{
+    double worst = 0.0, got_at = 0.0;
+    int64_t at = -1;
+    for (int64_t i = 0; i < count; i++) {
+        double got = opsmith_load_as_double(dt, out, i);
+        double err = isnan(got) ? INFINITY : fabs(got - ref[i]);
+        if (err > worst || at < 0) {
+            worst = err, at = i, got_at = got;
+        }
+    }
+    double bound = tol * scale;
+    CHECK(worst <= bound, "%s %s: %s max|err| %.3g > %.3g at [%lld] (got %.9g want %.9g)", be,
+          d->name, what, worst, bound, (long long)at, got_at, at >= 0 ? ref[at] : 0.0);
+}
+
+void check_fwd(const rms_case *c, const rms_data *d, const char *be, const image *y,
+               const image *inv)
+{
+    const opsmith_dtype acc = opsmith_dtype_accumulate(c->dt);
+    CHECK(image_guards_ok(y), "%s %s: fwd wrote outside y", be, d->name);
+    CHECK(image_guards_ok(inv), "%s %s: fwd wrote outside inv_rms", be, d->name);
+    check_close(be, d, "y", c->dt, img(y), d->y_ref, c->rows * c->n, tol_of(c->dt), d->y_scale);
+    /* inv_rms is kept in the accumulate type, so it gets that type's tolerance. */
+    check_close(be, d, "inv_rms", acc, img(inv), d->inv_ref, c->rows, tol_of(acc), d->inv_scale);
+}
+
+void check_bwd(const rms_case *c, const rms_data *d, const char *be, const image *dx,
+               const image *dw)
+{
+    CHECK(image_guards_ok(dx), "%s %s: bwd wrote outside dx", be, d->name);
+    check_close(be, d, "dx", c->dt, img(dx), d->dx_ref, c->rows * c->n, tol_of(c->dt), d->dx_scale);
+    if (!c->dweight)
+        return;
+    if (c->weight) {
+        CHECK(image_guards_ok(dw), "%s %s: bwd wrote outside dweight", be, d->name);
+        check_close(be, d, "dweight (NaN counts as failure)", c->dt, img(dw), d->dw_ref, c->n,
+                    tol_of(c->dt), d->dw_scale);
+    } else {
+        CHECK(image_untouched(dw), "%s %s: dweight written although weight is NULL", be, d->name);
+    }
+}
+
+void check_same(const rms_case *c, const rms_data *d, const char *be, const char *how,
+                const bwd_out *a, const bwd_out *b)
+{
+    int same = memcmp(img(&a->dx), img(&b->dx), a->dx.bytes) == 0;
+    CHECK(same, "%s %s: dx differs bitwise between runs (%s)", be, d->name, how);
+    if (c->weight && c->dweight) {
+        same = memcmp(img(&a->dw), img(&b->dw), a->dw.bytes) == 0;
+        CHECK(same, "%s %s: dweight differs bitwise between runs (%s)", be, d->name, how);
+    }
+}
+
+bwd_out bwd_out_new(const rms_case *c)
+{
+    const size_t es = opsmith_dtype_size(c->dt);
+    const size_t lead = GUARD + (size_t)c->out_off * es;
+    bwd_out o = {image_new(lead, (size_t)(c->rows * c->n) * es), {NULL, 0, 0, 0}};
+    if (c->dweight)
+        o.dw = image_new(lead, (size_t)c->n * es);
+    return o;
+}
+
+void bwd_out_free(bwd_out *o) { image_free(&o->dx), image_free(&o->dw); }
+
+static opsmith_status cpu_bwd(const rms_case *c, const rms_data *d, bwd_out *o)
+{
+    return opsmith_rms_norm_bwd_cpu(c->dt, c->rows, c->n, img(&d->dy), d->dys, img(&d->x), d->xs,
+                                    img(&d->w), img(&d->inv_in), img(&o->dx), img(&o->dw));
+}
+
+static void run_cpu(const rms_case *c, const rms_data *d)
+{
+    const size_t es = opsmith_dtype_size(c->dt);
+    const size_t aes = opsmith_dtype_size(opsmith_dtype_accumulate(c->dt));
+    image y = image_new(GUARD + (size_t)c->out_off * es, (size_t)(c->rows * c->n) * es);
+    image inv = image_new(GUARD, (size_t)c->rows * aes);
+    opsmith_status st = opsmith_rms_norm_fwd_cpu(c->dt, c->rows, c->n, img(&d->x), d->xs,
+                                                 img(&d->w), c->eps, img(&y), img(&inv));
+    if (CHECK(st == OPSMITH_STATUS_SUCCESS, "cpu %s: fwd returned \"%s\"", d->name,
+              opsmith_status_string(st)))
+        check_fwd(c, d, "cpu", &y, &inv);
+    image_free(&y), image_free(&inv);
+
+    bwd_out a = bwd_out_new(c), b = bwd_out_new(c);
+    st = cpu_bwd(c, d, &a);
+    if (!CHECK(st == OPSMITH_STATUS_SUCCESS, "cpu %s: bwd returned \"%s\"", d->name,
+               opsmith_status_string(st)))
+        goto done;
+    check_bwd(c, d, "cpu", &a.dx, &a.dw);
+    st = cpu_bwd(c, d, &b);
+    if (CHECK(st == OPSMITH_STATUS_SUCCESS, "cpu %s: 2nd bwd returned \"%s\"", d->name,
+              opsmith_status_string(st)))
+        check_same(c, d, "cpu", "same threads", &a, &b);
+#if TEST_OMP
+    /* Different thread counts split the rows differently; the bits must not move. */
+    if (c->rows > 1) {
+        const int saved = omp_get_max_threads();
+        const int counts[2] = {1, 3};
+        for (int k = 0; k < 2; k++) {
+            bwd_out t = bwd_out_new(c);
+            omp_set_num_threads(counts[k]);
+            st = cpu_bwd(c, d, &t);
+            omp_set_num_threads(saved);
+            char how[32];
+            snprintf(how, sizeof how, "%d vs %d threads", saved, counts[k]);
+            if (CHECK(st == OPSMITH_STATUS_SUCCESS, "cpu %s: bwd (%s) returned \"%s\"", d->name,
+                      how, opsmith_status_string(st)))
+                check_same(c, d, "cpu", how, &a, &t);
+            bwd_out_free(&t);
+        }
+    }
+#endif
+done:
+    bwd_out_free(&a), bwd_out_free(&b);
+}
+
+/* Bad arguments: each call changes one field of a valid call. */
+static opsmith_status call_fwd(int cuda, const call_args *a)
+{
+#if TEST_CUDA
+    if (cuda)
+        return opsmith_rms_norm_fwd_cuda(a->dt, a->rows, a->n, a->x, a->xs, a->w, a->eps, a->y,
+                                         a->inv, NULL);
+#endif
+    (void)cuda;
+    return opsmith_rms_norm_fwd_cpu(a->dt, a->rows, a->n, a->x, a->xs, a->w, a->eps, a->y, a->inv);
+}
+
+static opsmith_status call_bwd(int cuda, const call_args *a)
+{
+#if TEST_CUDA
+    if (cuda)
+        return opsmith_rms_norm_bwd_cuda(a->dt, a->rows, a->n, a->dy, a->dys, a->x, a->xs, a->w,
+                                         a->inv_in, a->dx, a->dw, a->ws, a->ws_bytes, NULL);
+#endif
+    (void)cuda;
+    return opsmith_rms_norm_bwd_cpu(a->dt, a->rows, a->n, a->dy, a->dys, a->x, a->xs, a->w,
+                                    a->inv_in, a->dx, a->dw);
+}
+
+static void expect_status(opsmith_status got, opsmith_status want, const char *be,
+                          opsmith_dtype dt, const char *what)
+{
+    CHECK(got == want, "%s %s %s: returned \"%s\", expected \"%s\"", be, opsmith_dtype_name(dt),
+          what, opsmith_status_string(got), opsmith_status_string(want));
+}
+
+#define EXPECT(fn, change, want)                                                               \
+    do {                                                                                       \
+        call_args a_ = *base;                                                                  \
+        a_.change;                                                                             \
+        expect_status(fn(cuda, &a_), want, be, base->dt, #fn " with " #change);                \
+    } while (0)
+
+void test_bad_args(int cuda, const call_args *base)
+{
+    const char *be = cuda ? "cuda" : "cpu";
+    const opsmith_status INVALID = OPSMITH_STATUS_INVALID_ARGUMENT;
+    const opsmith_status DTYPE = OPSMITH_STATUS_UNSUPPORTED_DTYPE;
+    const opsmith_status MISALIGNED = OPSMITH_STATUS_MISALIGNED;
+    const opsmith_status OK = OPSMITH_STATUS_SUCCESS;
+    EXPECT(call_fwd, rows = 2, OK);
+    EXPECT(call_fwd, rows = 0, OK);
+    EXPECT(call_fwd, n = 0, INVALID);
+    EXPECT(call_fwd, n = -1, INVALID);
+    EXPECT(call_fwd, rows = -1, INVALID);
+    EXPECT(call_fwd, x = NULL, INVALID);
+    EXPECT(call_fwd, y = NULL, INVALID);
+    EXPECT(call_fwd, xs = 3, INVALID);
+    EXPECT(call_fwd, eps = -1e-6, INVALID);
+    EXPECT(call_fwd, eps = NAN, INVALID);
+    EXPECT(call_fwd, dt = OPSMITH_DTYPE_COUNT, DTYPE);
+    EXPECT(call_fwd, dt = (opsmith_dtype)99, DTYPE);
+    EXPECT(call_fwd, x = (const char *)base->x + 1, MISALIGNED);
+    EXPECT(call_fwd, y = (char *)base->y + 1, MISALIGNED);
+    EXPECT(call_fwd, w = (const char *)base->w + 1, MISALIGNED);
+
+    EXPECT(call_bwd, rows = 2, OK);
+    EXPECT(call_bwd, rows = 0, OK);
+    EXPECT(call_bwd, n = 0, INVALID);
+    EXPECT(call_bwd, rows = -1, INVALID);
+    EXPECT(call_bwd, dy = NULL, INVALID);
+    EXPECT(call_bwd, x = NULL, INVALID);
+    EXPECT(call_bwd, inv_in = NULL, INVALID);
+    EXPECT(call_bwd, dx = NULL, INVALID);
+    EXPECT(call_bwd, xs = 3, INVALID);
+    EXPECT(call_bwd, dys = 3, INVALID);
+    EXPECT(call_bwd, dt = OPSMITH_DTYPE_COUNT, DTYPE);
+    EXPECT(call_bwd, dy = (const char *)base->dy + 1, MISALIGNED);
+    EXPECT(call_bwd, dx = (char *)base->dx + 1, MISALIGNED);
+    if (cuda && base->ws_bytes > 0) {
+        const opsmith_status SMALL = OPSMITH_STATUS_WORKSPACE_TOO_SMALL;
+        EXPECT(call_bwd, ws_bytes = base->ws_bytes - 1, SMALL);
+        EXPECT(call_bwd, ws = NULL; a_.ws_bytes = 0, SMALL);
+    }
+}
+
+static void test_bad_args_cpu(opsmith_dtype dt)
+{
+    /* Doubles give every dtype enough aligned room for 2 rows of 4. */
+    static double x[8], dy[8], w[4], inv[2], y[8], dx[8], dw[4];
+    for (int i = 0; i < 8; i++)
+        x[i] = dy[i] = 0.0, y[i] = dx[i] = 0.0;
+    for (int i = 0; i < 4; i++)
+        w[i] = dw[i] = 0.0;
+    inv[0] = inv[1] = 0.0;
+    const call_args base = {dt, 2, 4, 4, 4, x, dy, w, inv, 1e-6, y, inv, dx, dw, NULL, 0};
+    test_bad_args(0, &base);
+}
+
+static int build_cases(opsmith_dtype dt, rms_case *out)
+{
+    static const int64_t ns[] = {1, 3, 8, 769, 5125, 8192, 65536};
+    static const int64_t rows_list[] = {1, 7, 130};
+    const rms_case base = {dt, 7, 8, 1, 1, 0, 0, 0, 0, 1e-6};
+    int k = 0;
+    for (int i = 0; i < 7; i++) {
+        for (int j = 0; j < 3; j++) {
+            if (ns[i] == 65536 && rows_list[j] > 7)
+                continue; /* keeps the largest size cheap */
+            out[k] = base, out[k].n = ns[i], out[k].rows = rows_list[j], k++;
+        }
+        const int64_t rows = ns[i] == 65536 ? 3 : 7;
+        out[k] = base, out[k].n = ns[i], out[k].rows = rows, out[k].weight = 0, out[k].dweight = 0, k++;
+        out[k] = base, out[k].n = ns[i], out[k].rows = rows, out[k].x_pad = 5, out[k].dy_pad = 3, k++;
+    }
+    const rms_case extra[] = {
+        {dt, 7, 769, 0, 0, 5, 3, 0, 0, 1e-6},    /* strided, no weight */
+        {dt, 130, 769, 1, 0, 0, 0, 0, 0, 1e-6},  /* weight but no dweight: dx only */
+        {dt, 7, 8, 0, 1, 0, 0, 0, 0, 1e-6},      /* dweight given, weight NULL: untouched */
+        /* n and strides a multiple of every vector width, so only the
+         * one-element offset can force the unvectorized path */
+        {dt, 7, 8192, 1, 1, 0, 0, 1, 0, 1e-6},   /* x, dy one element off */
+        {dt, 7, 1024, 1, 1, 0, 0, 0, 1, 1e-6},   /* weight, y, dx, dweight one off */
+        {dt, 7, 5125, 1, 1, 0, 0, 1, 1, 1e-6},   /* every tensor off, odd n */
+        {dt, 7, 8192, 1, 1, 5, 3, 1, 1, 1e-6},   /* off and oddly strided */
+        {dt, 7, 8192, 1, 1, 8, 16, 0, 0, 1e-6},  /* padded, 16-byte aligned rows */
+        {dt, 7, 8, 1, 1, 0, 0, 0, 0, 0.0},       /* eps = 0 is allowed */
+        {dt, 130, 8, 1, 1, 0, 0, 0, 0, 0.5},     /* eps comparable to mean(x^2) */
+        {dt, 2000, 1024, 1, 1, 0, 0, 0, 0, 1e-6}, /* many rows: dweight reduction */
+    };
+    for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++)
+        out[k++] = extra[i];
+    return k;
+}
+
+void test_rms_norm(void)
+{
+    const int cuda = cuda_begin();
+    for (int di = 0; di < OPSMITH_DTYPE_COUNT; di++) {
+        const opsmith_dtype dt = (opsmith_dtype)di;
+        rms_case cases[64];
+        const int count = build_cases(dt, cases);
+        test_rng rng = {0xC0FFEEull * (uint64_t)(di + 1)};
+        for (int i = 0; i < count; i++) {
+            rms_data d;
+            data_init(&d, &cases[i], &rng);
+            run_cpu(&cases[i], &d);
+            if (cuda > 0)
+                run_cuda(&cases[i], &d);
+            else if (cuda == 0)
+                harness_skip(1);
+            data_free(&d);
+        }
+        test_bad_args_cpu(dt);
+        if (cuda > 0)
+            test_bad_args_cuda(dt);
+        else if (cuda == 0)
+            harness_skip(1);
+    }
+    cuda_end(cuda);
+}
