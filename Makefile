@@ -100,5 +100,9 @@ test: ctest pytest
 demo: build
 	$(PYTHON) -m opsmith demo
 
+# on a machine with a CUDA GPU: results, plots and table under bench/results/latest
+bench: build
+	$(PYTHON) -m opsmith bench $(BENCH_ARGS)
+
 clean:
 	rm -rf build opsmith/*.so *.egg-info

@@ -796,3 +796,13 @@ def test_cuda_and_cpu_agree():
     assert_close(y_gpu, y_cpu, 2 * TOL[torch.float32], "y")
     assert_close(inv_gpu, inv_cpu, 2 * TOL[torch.float32], "inv_rms")
 
+
+
+@requires_cuda
+@pytest.mark.parametrize("entry", ENTRY_POINTS)
+def test_x_on_cpu_weight_on_cuda(entry):
+    # the dispatcher picks the CUDA kernel because weight is on CUDA; the
+    # bridge must refuse rather than hand host memory to a CUDA kernel
+    x, weight = rand(4, 8), rand(8, device="cuda")
+    with pytest.raises(RuntimeError, match=r"^rms_norm: weight must be on the same device as x"):
+        _entry_point(entry)(x, weight, 1e-5)

@@ -1,0 +1,298 @@
+"""Benchmark suite: `python -m opsmith bench [--ops ...] [--quick]` (CUDA only).
+
+For each registered op, forward and forward+backward, over a sweep of
+(rows, hidden size, dtype), every provider is timed in the same run
+(triton's do_bench median, CUDA events), with inputs rotated across enough
+copies that the L2 cache cannot serve them. Each row reports the time, the
+achieved GB/s over the minimal bytes the op must move (each input read once,
+each output written once), that as a fraction of the device-to-device copy
+bandwidth measured in the same run, and the peak extra memory.
+
+Adding an op = one OpBench entry in OPS."""
+import argparse
+import csv
+import datetime
+import json
+import os
+import platform
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional
+
+import torch
+
+import opsmith
+import opsmith.pybind
+
+L2_FLUSH_BYTES = 256 << 20  # rotate inputs over at least this many bytes
+
+
+@dataclass
+class OpBench:
+    name: str
+    # (rows, n, dtype, device) -> dict of tensors: the differentiable inputs
+    # first (in `grad_inputs` order), plus "dy" for the backward.
+    make_inputs: Callable
+    grad_inputs: List[str]
+    # provider name -> factory(hidden size, dtype, device) -> fn(**inputs) -> output
+    providers: Dict[str, Callable]
+    # minimal bytes moved: (rows, n, element size) -> bytes
+    fwd_bytes: Callable
+    fwdbwd_bytes: Callable
+    hidden_sizes: List[int] = field(default_factory=list)
+    row_counts: List[int] = field(default_factory=list)
+
+
+# --- RMSNorm -------------------------------------------------------------------
+
+def _rms_inputs(rows, n, dtype, device):
+    return {
+        "x": torch.randn(rows, n, dtype=dtype, device=device),
+        "w": (1 + 0.1 * torch.randn(n, device=device)).to(dtype),
+        "dy": torch.randn(rows, n, dtype=dtype, device=device),
+    }
+
+
+def _llama_rms_norm(x, w, eps=1e-6):
+    # Hugging Face LlamaRMSNorm.forward: upcast to float32, normalise, cast back, scale
+    dtype = x.dtype
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return w * h.to(dtype)
+
+
+def _liger_rms_norm_factory(n, dtype, device):
+    from liger_kernel.transformers.rms_norm import LigerRMSNorm
+    module = LigerRMSNorm(n, eps=1e-6).to(device=device, dtype=dtype)
+    return lambda x, w: module(x)  # module holds its own weight, same shape
+
+
+_compiled = {}
+# every swept shape compiles its own graph: lift dynamo's recompile limit so
+# none of them silently falls back to eager
+for _name in ("cache_size_limit", "recompile_limit"):
+    if hasattr(torch._dynamo.config, _name):
+        setattr(torch._dynamo.config, _name, 4096)
+
+
+def _compiled_fn(key, fn):
+    if key not in _compiled:
+        _compiled[key] = torch.compile(fn, dynamic=False)
+    return _compiled[key]
+
+
+RMS_NORM = OpBench(
+    name="rms_norm",
+    make_inputs=_rms_inputs,
+    grad_inputs=["x", "w"],
+    providers={
+        "opsmith": lambda n, dt, dev: lambda x, w: opsmith.rms_norm(x, w, 1e-6),
+        "opsmith_pybind": lambda n, dt, dev: lambda x, w: opsmith.pybind.rms_norm(x, w, 1e-6),
+        "torch_F": lambda n, dt, dev: lambda x, w: torch.nn.functional.rms_norm(x, (n,), w, 1e-6),
+        "torch_hf_llama": lambda n, dt, dev: _llama_rms_norm,
+        "torch_compile_F": lambda n, dt, dev: _compiled_fn(
+            ("F", n), lambda x, w: torch.nn.functional.rms_norm(x, (x.shape[-1],), w, 1e-6)),
+        "torch_compile_hf_llama": lambda n, dt, dev: _compiled_fn(("hf", n), _llama_rms_norm),
+        "liger": _liger_rms_norm_factory,
+    },
+    # forward: read x, w; write y. backward: read dy, x, w; write dx, dw.
+    fwd_bytes=lambda rows, n, s: (2 * rows * n + n) * s,
+    fwdbwd_bytes=lambda rows, n, s: (2 * rows * n + n) * s + (3 * rows * n + 2 * n) * s,
+    hidden_sizes=[512, 1024, 2048, 4096, 8192, 16384, 32768, 65536],
+    row_counts=[1, 16, 64, 1024, 4096, 16384, 65536, 262144],
+)
+
+OPS = {op.name: op for op in [RMS_NORM]}
+
+
+# --- measurement -----------------------------------------------------------------
+
+def _do_bench(fn):
+    from triton.testing import do_bench
+    return do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def copy_bandwidth_gbs(device) -> float:
+    """Device-to-device copy of 1 GiB: bytes read + bytes written over time."""
+    a = torch.empty(1 << 30, dtype=torch.uint8, device=device)
+    b = torch.empty_like(a)
+    ms = _do_bench(lambda: b.copy_(a))
+    return 2 * a.numel() / (ms * 1e-3) / 1e9
+
+
+def _measure(op: OpBench, provider: str, rows, n, dtype, device, backward: bool):
+    elem = torch.empty((), dtype=dtype).element_size()
+    per_set = op.fwdbwd_bytes(rows, n, elem)
+    copies = max(1, min(64, -(-L2_FLUSH_BYTES // per_set)))
+    sets = [op.make_inputs(rows, n, dtype, device) for _ in range(copies)]
+    fn = op.providers[provider](n, dtype, device)
+    if backward:
+        for s in sets:
+            for k in op.grad_inputs:
+                s[k].requires_grad_(True)
+    state = {"i": 0}
+
+    def step():
+        s = sets[state["i"] % copies]
+        state["i"] += 1
+        args = {k: s[k] for k in op.grad_inputs}
+        y = fn(**args)
+        if backward:
+            torch.autograd.grad(y, list(args.values()), s["dy"], allow_unused=True)
+
+    step()  # compile / autotune outside the timing
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    step()
+    torch.cuda.synchronize()
+    peak_extra = torch.cuda.max_memory_allocated(device) - base
+    ms = _do_bench(step)
+    moved = (op.fwdbwd_bytes if backward else op.fwd_bytes)(rows, n, elem)
+    return ms, moved, peak_extra
+
+
+def _sweep(op: OpBench, quick: bool):
+    if quick:
+        shapes = [(4096, 4096), (16384, 4096), (4096, 8192), (65536, 1024), (2048, 32768),
+                  (512, 65536), (16, 4096), (1, 8192)]
+        return shapes, [torch.bfloat16]
+    max_elems = 1 << 30
+    shapes = [(r, n) for n in op.hidden_sizes for r in op.row_counts if r * n <= max_elems]
+    return shapes, [torch.bfloat16, torch.float16, torch.float32]
+
+
+def run(ops: List[str], quick: bool, out_dir: str, providers: Optional[List[str]] = None) -> int:
+    if not torch.cuda.is_available():
+        print("opsmith bench: needs a CUDA device", file=sys.stderr)
+        return 2
+    device = torch.device("cuda")
+    os.makedirs(out_dir, exist_ok=True)
+    copy_gbs = copy_bandwidth_gbs(device)
+    meta = {
+        "date": datetime.date.today().isoformat(),
+        "gpu": torch.cuda.get_device_name(device),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "copy_bandwidth_gbs": round(copy_gbs, 1),
+        "quick": quick,
+    }
+    print(f"{meta['gpu']}  torch {meta['torch']}  copy bandwidth {copy_gbs:.0f} GB/s")
+    rows_out = []
+    jobs = []
+    for name in ops:
+        op = OPS[name]
+        shapes, dtypes = _sweep(op, quick)
+        for backward in (False, True):
+            for dtype in dtypes:
+                for rows, n in shapes:
+                    for p in op.providers:
+                        if providers is None or p in providers:
+                            jobs.append((op, p, rows, n, dtype, backward))
+    t0 = time.time()
+    for i, (op, p, rows, n, dtype, backward) in enumerate(jobs):
+        direction = "fwd+bwd" if backward else "fwd"
+        try:
+            ms, moved, peak = _measure(op, p, rows, n, dtype, device, backward)
+            err = ""
+        except Exception as e:  # a provider that cannot run a shape is recorded, not fatal
+            ms, moved, peak, err = float("nan"), 0, 0, f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
+        gbs = moved / (ms * 1e-3) / 1e9 if ms == ms else float("nan")
+        rows_out.append({
+            "op": op.name, "direction": direction, "provider": p, "dtype": str(dtype).replace("torch.", ""),
+            "rows": rows, "hidden": n, "ms": ms, "bytes": moved, "gbs": gbs,
+            "fraction_of_copy": gbs / copy_gbs, "peak_extra_mb": peak / 2**20, "error": err,
+        })
+        torch.cuda.empty_cache()
+        done = i + 1
+        bar = "#" * (30 * done // len(jobs))
+        sys.stderr.write(f"\r[{bar:<30}] {done}/{len(jobs)} {time.time() - t0:5.0f}s")
+    sys.stderr.write("\n")
+    with open(os.path.join(out_dir, "results.json"), "w") as f:
+        json.dump({"meta": meta, "rows": rows_out}, f, indent=1)
+    with open(os.path.join(out_dir, "results.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows_out[0]))
+        w.writeheader()
+        w.writerows(rows_out)
+    print(summary_table({"meta": meta, "rows": rows_out}))
+    return 0
+
+
+def summary_table(results) -> str:
+    """Markdown: per (op, direction, dtype, shape), each provider's time and
+    fraction of copy bandwidth; the fastest marked."""
+    rows = results["rows"]
+    providers = list(dict.fromkeys(r["provider"] for r in rows))
+    keys = list(dict.fromkeys((r["op"], r["direction"], r["dtype"], r["rows"], r["hidden"]) for r in rows))
+    by = {(r["op"], r["direction"], r["dtype"], r["rows"], r["hidden"], r["provider"]): r for r in rows}
+    m = results["meta"]
+    out = [f"{m['gpu']}, torch {m['torch']}, CUDA {m['cuda']}, {m['date']}; copy bandwidth "
+           f"{m['copy_bandwidth_gbs']} GB/s. Cells: median ms (fraction of copy bandwidth); * = fastest.", "",
+           "| op | dir | dtype | rows x hidden | " + " | ".join(providers) + " |",
+           "|---|---|---|---|" + "---|" * len(providers)]
+    for k in keys:
+        cells = [by.get(k + (p,)) for p in providers]
+        times = [c["ms"] for c in cells if c and c["ms"] == c["ms"]]
+        best = min(times) if times else None
+        txt = []
+        for c in cells:
+            if not c or c["ms"] != c["ms"]:
+                txt.append("n/a")
+            else:
+                txt.append(f"{c['ms']:.4f} ({c['fraction_of_copy']:.2f}){'*' if c['ms'] == best else ''}")
+        out.append(f"| {k[0]} | {k[1]} | {k[2]} | {k[3]}x{k[4]} | " + " | ".join(txt) + " |")
+    return "\n".join(out)
+
+
+def plot(results, out_dir: str) -> List[str]:
+    """One PNG per op and direction: GB/s against hidden size at the largest
+    row count swept for each, one line per provider (bf16)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rows = [r for r in results["rows"] if r["dtype"] == "bfloat16" and r["gbs"] == r["gbs"]]
+    paths = []
+    for op, direction in dict.fromkeys((r["op"], r["direction"]) for r in rows):
+        sel = [r for r in rows if r["op"] == op and r["direction"] == direction]
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for p in dict.fromkeys(r["provider"] for r in sel):
+            best = {}
+            for r in sel:
+                if r["provider"] == p and r["rows"] * r["hidden"] >= best.get(r["hidden"], (0, None))[0]:
+                    best[r["hidden"]] = (r["rows"] * r["hidden"], r["gbs"])
+            hs = sorted(best)
+            ax.plot(hs, [best[h][1] for h in hs], marker="o", label=p)
+        ax.axhline(results["meta"]["copy_bandwidth_gbs"], color="gray", ls="--", label="copy")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("hidden size (largest row count swept)")
+        ax.set_ylabel("GB/s over minimal bytes")
+        ax.set_title(f"{op} {direction}, bf16, {results['meta']['gpu']}")
+        ax.legend(fontsize=8)
+        path = os.path.join(out_dir, f"{op}_{direction.replace('+', '_')}.png")
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m opsmith bench")
+    parser.add_argument("--ops", nargs="*", default=list(OPS))
+    parser.add_argument("--providers", nargs="*", default=None)
+    parser.add_argument("--quick", action="store_true", help="a few large bf16 shapes")
+    parser.add_argument("--out", default=os.path.join("bench", "results", "latest"))
+    args = parser.parse_args(argv)
+    rc = run(args.ops, args.quick, args.out, args.providers)
+    if rc == 0:
+        with open(os.path.join(args.out, "results.json")) as f:
+            results = json.load(f)
+        try:
+            plot(results, args.out)
+        except ImportError:
+            print("matplotlib missing: no plots", file=sys.stderr)
+        with open(os.path.join(args.out, "table.md"), "w") as f:
+            f.write(summary_table(results) + "\n")
+    return rc
