@@ -148,9 +148,66 @@ def _measure(op: OpBench, provider: str, rows, n, dtype, device, backward: bool)
     step()
     torch.cuda.synchronize()
     peak_extra = torch.cuda.max_memory_allocated(device) - base
-    ms = _do_bench(step)
     moved = (op.fwdbwd_bytes if backward else op.fwd_bytes)(rows, n, elem)
-    return ms, moved, peak_extra
+    if rows <= SMALL_ROWS:
+        # decoding-sized calls: host time would dominate, so time the replay
+        # of a CUDA graph of GRAPH_CALLS calls (inputs rotate inside it)
+        try:
+            return _graph_ms(step), moved, peak_extra, "graph"
+        except Exception:
+            torch.cuda.synchronize()
+    return _do_bench(step), moved, peak_extra, "events"
+
+
+SMALL_ROWS = 64
+GRAPH_CALLS = 20
+
+
+def _graph_ms(step) -> float:
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(GRAPH_CALLS):
+            step()
+    graph.replay()
+    torch.cuda.synchronize()
+    return _do_bench(graph.replay) / GRAPH_CALLS
+
+
+def host_overhead_us(device, calls: int = 2000):
+    """Per-call host time of the public calls on a tiny tensor: wall time of
+    `calls` back-to-back calls (the GPU work of each is far shorter)."""
+    x = torch.randn(4, 256, device=device, dtype=torch.bfloat16)
+    w = torch.ones(256, device=device, dtype=torch.bfloat16)
+    xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
+    cases = {
+        "opsmith.rms_norm": lambda: opsmith.rms_norm(x, w, 1e-6),
+        "opsmith.rms_norm (requires_grad)": lambda: opsmith.rms_norm(xg, wg, 1e-6),
+        "torch.ops.opsmith.rms_norm_fwd": lambda: torch.ops.opsmith.rms_norm_fwd(x, w, 1e-6),
+        "opsmith.pybind.rms_norm": lambda: opsmith.pybind.rms_norm(x, w, 1e-6),
+        "opsmith.pybind.rms_norm (requires_grad)": lambda: opsmith.pybind.rms_norm(xg, wg, 1e-6),
+        "F.rms_norm": lambda: torch.nn.functional.rms_norm(x, (256,), w, 1e-6),
+        "F.rms_norm (requires_grad)": lambda: torch.nn.functional.rms_norm(xg, (256,), wg, 1e-6),
+    }
+    out = {}
+    for name, fn in cases.items():
+        for _ in range(200):
+            fn()
+        torch.cuda.synchronize()
+        best = float("inf")
+        for _ in range(5):
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            torch.cuda.synchronize()
+            best = min(best, (time.perf_counter() - t0) / calls * 1e6)
+        out[name] = round(best, 2)
+    return out
 
 
 def _sweep(op: OpBench, quick: bool):
@@ -180,6 +237,8 @@ def run(ops: List[str], quick: bool, out_dir: str, providers: Optional[List[str]
         "quick": quick,
     }
     print(f"{meta['gpu']}  torch {meta['torch']}  copy bandwidth {copy_gbs:.0f} GB/s")
+    meta["host_overhead_us"] = host_overhead_us(device)
+    print("host time per call (us):", json.dumps(meta["host_overhead_us"], indent=1))
     rows_out = []
     jobs = []
     for name in ops:
@@ -195,15 +254,17 @@ def run(ops: List[str], quick: bool, out_dir: str, providers: Optional[List[str]
     for i, (op, p, rows, n, dtype, backward) in enumerate(jobs):
         direction = "fwd+bwd" if backward else "fwd"
         try:
-            ms, moved, peak = _measure(op, p, rows, n, dtype, device, backward)
+            ms, moved, peak, timing = _measure(op, p, rows, n, dtype, device, backward)
             err = ""
         except Exception as e:  # a provider that cannot run a shape is recorded, not fatal
-            ms, moved, peak, err = float("nan"), 0, 0, f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
+            ms, moved, peak, timing = float("nan"), 0, 0, ""
+            err = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
         gbs = moved / (ms * 1e-3) / 1e9 if ms == ms else float("nan")
         rows_out.append({
             "op": op.name, "direction": direction, "provider": p, "dtype": str(dtype).replace("torch.", ""),
             "rows": rows, "hidden": n, "ms": ms, "bytes": moved, "gbs": gbs,
-            "fraction_of_copy": gbs / copy_gbs, "peak_extra_mb": peak / 2**20, "error": err,
+            "fraction_of_copy": gbs / copy_gbs, "peak_extra_mb": peak / 2**20, "timing": timing,
+            "error": err,
         })
         torch.cuda.empty_cache()
         done = i + 1
@@ -229,7 +290,8 @@ def summary_table(results) -> str:
     by = {(r["op"], r["direction"], r["dtype"], r["rows"], r["hidden"], r["provider"]): r for r in rows}
     m = results["meta"]
     out = [f"{m['gpu']}, torch {m['torch']}, CUDA {m['cuda']}, {m['date']}; copy bandwidth "
-           f"{m['copy_bandwidth_gbs']} GB/s. Cells: median ms (fraction of copy bandwidth); * = fastest.", "",
+           f"{m['copy_bandwidth_gbs']} GB/s. Cells: median ms (fraction of copy bandwidth); * = fastest; "
+           f"rows <= {SMALL_ROWS} timed by CUDA-graph replay.", "",
            "| op | dir | dtype | rows x hidden | " + " | ".join(providers) + " |",
            "|---|---|---|---|" + "---|" * len(providers)]
     for k in keys:
@@ -243,6 +305,10 @@ def summary_table(results) -> str:
             else:
                 txt.append(f"{c['ms']:.4f} ({c['fraction_of_copy']:.2f}){'*' if c['ms'] == best else ''}")
         out.append(f"| {k[0]} | {k[1]} | {k[2]} | {k[3]}x{k[4]} | " + " | ".join(txt) + " |")
+    if "host_overhead_us" in m:
+        out += ["", "Host time per call on a 4x256 bf16 tensor (us):", "",
+                "| call | us |", "|---|---|"]
+        out += [f"| {k} | {v} |" for k, v in m["host_overhead_us"].items()]
     return "\n".join(out)
 
 

@@ -1,6 +1,6 @@
 """Route B, the functional API: wrappers over torch.ops.opsmith.*, with the
-fake (shape-only) kernel and the autograd formula registered beside each op,
-so the ops work under torch.compile, FakeTensor and autograd."""
+fake (shape-only) kernel registered beside each op so the ops work under
+torch.compile and FakeTensor. Autograd is registered in C++ with the ops."""
 from typing import Optional
 
 import torch
@@ -8,6 +8,8 @@ import torch
 from . import _library  # noqa: F401  (loads the library: torch.ops.opsmith.* exists after this)
 
 _ops = torch.ops.opsmith
+# the overloads themselves: calling them skips the packet's overload lookup
+_rms_norm_fwd = _ops.rms_norm_fwd.default
 
 
 def _accumulate_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -25,7 +27,7 @@ def rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None,
     eps None means ``torch.finfo(x.dtype).eps``. x and weight share device and
     dtype (float64, float32, float16, bfloat16); sums run in float32 (float64
     for float64)."""
-    return _ops.rms_norm_fwd(x, weight, eps)[0]
+    return _rms_norm_fwd(x, weight, eps)[0]
 
 
 @torch.library.register_fake("opsmith::rms_norm_fwd")
@@ -45,20 +47,5 @@ def _rms_norm_bwd_fake(dy, x, weight, inv_rms):
     dweight = torch.empty((x.shape[-1] if weight is not None else 0,), dtype=x.dtype, device=x.device)
     return dx, dweight
 
-
-def _rms_norm_setup_context(ctx, inputs, output):
-    x, weight, _eps = inputs
-    _y, inv_rms = output
-    ctx.save_for_backward(x, weight, inv_rms)
-    # inv_rms is a saved statistic, not a result to differentiate through
-    ctx.mark_non_differentiable(inv_rms)
-
-
-def _rms_norm_backward(ctx, dy, _dinv_rms):
-    x, weight, inv_rms = ctx.saved_tensors
-    dx, dweight = _ops.rms_norm_bwd(dy, x, weight, inv_rms)
-    return dx, (dweight if weight is not None else None), None
-
-
-torch.library.register_autograd("opsmith::rms_norm_fwd", _rms_norm_backward,
-                                setup_context=_rms_norm_setup_context)
+# Autograd for rms_norm_fwd is registered in C++ (csrc/torch/ops.cpp): the
+# backward calls rms_norm_bwd with the saved x, weight and inv_rms.

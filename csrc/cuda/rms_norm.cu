@@ -166,6 +166,134 @@ __global__ void rms_norm_bwd_kernel(int64_t rows, int64_t n, const T *__restrict
     }
 }
 
+/* Register-resident kernels: the packed path for rows of at most
+ * kResidentThreads * 4 packs. A block owns one row at a time; each thread
+ * keeps its ITERS packs of the row in registers, so x (and dy) are read from
+ * memory exactly once, and the backward keeps its weight-gradient partial
+ * sums in registers across all the block's rows, writing them once. */
+constexpr int kResidentThreads = 512;
+
+template <typename T, typename A, int ITERS>
+__global__ void __launch_bounds__(kResidentThreads)
+rms_norm_fwd_resident_kernel(int64_t rows, int64_t n, const T *__restrict__ x, int64_t xs,
+                             const T *__restrict__ w, A eps, T *__restrict__ y,
+                             A *__restrict__ inv_rms) {
+    constexpr int S = Pack<T>::VEC;
+    __shared__ A scratch[32];
+    const int64_t steps = n / S;
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        const T *xr = x + r * xs;
+        Pack<T> xp[ITERS];
+        A sum_sq = 0;
+#pragma unroll
+        for (int it = 0; it < ITERS; it++) {
+            const int64_t i = threadIdx.x + (int64_t)it * blockDim.x;
+            if (i < steps) {
+                xp[it] = load_pack(xr + i * S);
+#pragma unroll
+                for (int k = 0; k < S; k++) {
+                    const A v = to_acc(xp[it].v[k]);
+                    sum_sq += v * v;
+                }
+            }
+        }
+        sum_sq = block_sum(sum_sq, scratch);
+        const A inv = rsqrt_acc(sum_sq / (A)n + eps);
+        if (threadIdx.x == 0) inv_rms[r] = inv;
+#pragma unroll
+        for (int it = 0; it < ITERS; it++) {
+            const int64_t i = threadIdx.x + (int64_t)it * blockDim.x;
+            if (i < steps) {
+                Pack<T> out;
+                if (w) {
+                    const Pack<T> wp = load_pack(w + i * S);
+#pragma unroll
+                    for (int k = 0; k < S; k++)
+                        out.v[k] = from_acc<T>(to_acc(xp[it].v[k]) * inv * to_acc(wp.v[k]));
+                } else {
+#pragma unroll
+                    for (int k = 0; k < S; k++) out.v[k] = from_acc<T>(to_acc(xp[it].v[k]) * inv);
+                }
+                store_pack(y + r * n + i * S, out);
+            }
+        }
+    }
+}
+
+/* partial is (gridDim.x, n): block b's sum of dy * x * inv_rms over its rows. */
+template <typename T, typename A, int ITERS>
+__global__ void __launch_bounds__(kResidentThreads)
+rms_norm_bwd_resident_kernel(int64_t rows, int64_t n, const T *__restrict__ dy, int64_t dys,
+                             const T *__restrict__ x, int64_t xs, const T *__restrict__ w,
+                             const A *__restrict__ inv_rms, T *__restrict__ dx,
+                             A *__restrict__ partial) {
+    constexpr int S = Pack<T>::VEC;
+    __shared__ A scratch[32];
+    const int64_t steps = n / S;
+    A dw_acc[ITERS][S];
+#pragma unroll
+    for (int it = 0; it < ITERS; it++)
+#pragma unroll
+        for (int k = 0; k < S; k++) dw_acc[it][k] = 0;
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        const T *xr = x + r * xs, *dyr = dy + r * dys;
+        Pack<T> xp[ITERS], dp[ITERS];
+        A dot = 0;
+#pragma unroll
+        for (int it = 0; it < ITERS; it++) {
+            const int64_t i = threadIdx.x + (int64_t)it * blockDim.x;
+            if (i < steps) {
+                xp[it] = load_pack(xr + i * S);
+                dp[it] = load_pack(dyr + i * S);
+            }
+        }
+#pragma unroll
+        for (int it = 0; it < ITERS; it++) {
+            const int64_t i = threadIdx.x + (int64_t)it * blockDim.x;
+            if (i < steps) {
+                if (w) {
+                    const Pack<T> wp = load_pack(w + i * S);
+#pragma unroll
+                    for (int k = 0; k < S; k++)
+                        dot += to_acc(dp[it].v[k]) * to_acc(wp.v[k]) * to_acc(xp[it].v[k]);
+                } else {
+#pragma unroll
+                    for (int k = 0; k < S; k++) dot += to_acc(dp[it].v[k]) * to_acc(xp[it].v[k]);
+                }
+            }
+        }
+        dot = block_sum(dot, scratch);
+        const A inv = inv_rms[r];
+        const A scale = inv * inv * inv * dot / (A)n;
+#pragma unroll
+        for (int it = 0; it < ITERS; it++) {
+            const int64_t i = threadIdx.x + (int64_t)it * blockDim.x;
+            if (i < steps) {
+                Pack<T> out;
+                Pack<T> wp;
+                if (w) wp = load_pack(w + i * S);
+#pragma unroll
+                for (int k = 0; k < S; k++) {
+                    const A g = to_acc(dp[it].v[k]), xv = to_acc(xp[it].v[k]);
+                    out.v[k] = from_acc<T>(inv * g * (w ? to_acc(wp.v[k]) : A(1)) - xv * scale);
+                    dw_acc[it][k] += g * xv * inv;
+                }
+                store_pack(dx + r * n + i * S, out);
+            }
+        }
+    }
+    if (partial) {
+        A *pr = partial + (int64_t)blockIdx.x * n;
+#pragma unroll
+        for (int it = 0; it < ITERS; it++) {
+            const int64_t i = threadIdx.x + (int64_t)it * blockDim.x;
+            if (i < steps)
+#pragma unroll
+                for (int k = 0; k < S; k++) pr[i * S + k] = dw_acc[it][k];
+        }
+    }
+}
+
 /* dweight[i] = sum over the partial rows, in a fixed order (deterministic).
  * A block covers 32 columns; its 8 thread rows each sum every 8th partial
  * row (coalesced 32-wide reads), then one thread row adds the 8 results. */
@@ -231,6 +359,46 @@ int64_t bwd_max_groups(int64_t rows, int64_t n) {
 
 int step_of(opsmith_dtype dtype) { return (int)(16 / opsmith_dtype_size(dtype)); }
 
+int sm_count(void) {
+    int device = 0, sms = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || sms < 1) {
+        cudaGetLastError(); /* leave no error behind for the next launch check */
+        return 132;
+    }
+    return sms;
+}
+
+/* The register-resident plan for a packed row of `steps` packs: ITERS packs a
+ * thread, the fewest ITERS that keep a block at 256 threads or fewer (512 at
+ * ITERS = 4); iters == 0 when the row is too wide for it. */
+struct Resident {
+    int iters;
+    int threads;
+};
+
+Resident resident_plan(int64_t steps) {
+    for (int iters = 1; iters <= 4; iters *= 2) {
+        const int64_t limit = iters == 4 ? kResidentThreads : 256;
+        if (steps <= limit * iters) {
+            int64_t t = (steps + iters - 1) / iters;
+            t = (t + 31) / 32 * 32;
+            return Resident{iters, (int)t};
+        }
+    }
+    return Resident{0, 0};
+}
+
+/* Blocks of the resident backward: enough to fill every SM, no more than
+ * rows (each block writes one partial row). Fixed for a given device, rows
+ * and n, so the dweight sum order is too. */
+int64_t resident_bwd_grid(int64_t rows, int threads) {
+    int64_t per_sm = 2048 / threads;
+    if (per_sm > 16) per_sm = 16;
+    const int64_t g = (int64_t)sm_count() * per_sm;
+    return rows < g ? rows : g;
+}
+
 template <opsmith_dtype D>
 opsmith_status fwd(int64_t rows, int64_t n, const void *x, int64_t xs, const void *w, double eps,
                    void *y, void *inv_rms, cudaStream_t stream) {
@@ -239,10 +407,21 @@ opsmith_status fwd(int64_t rows, int64_t n, const void *x, int64_t xs, const voi
     const int vec = Pack<T>::VEC;
     const bool packed = n % vec == 0 && xs % vec == 0 && aligned16(x) && aligned16(y) &&
                         (!w || aligned16(w));
-    const Shape s = choose_shape(rows, n, packed ? vec : 1, kMaxGrid);
     const T *xp = static_cast<const T *>(x), *wp = static_cast<const T *>(w);
     T *yp = static_cast<T *>(y);
     A *ip = static_cast<A *>(inv_rms);
+    const Resident res = packed ? resident_plan(n / vec) : Resident{0, 0};
+    if (res.iters) {
+        const unsigned grid = (unsigned)(rows < kMaxGrid ? rows : kMaxGrid);
+#define OPSMITH_LAUNCH_FWD(I) \
+    rms_norm_fwd_resident_kernel<T, A, I><<<grid, res.threads, 0, stream>>>(rows, n, xp, xs, wp, (A)eps, yp, ip)
+        if (res.iters == 1) OPSMITH_LAUNCH_FWD(1);
+        else if (res.iters == 2) OPSMITH_LAUNCH_FWD(2);
+        else OPSMITH_LAUNCH_FWD(4);
+#undef OPSMITH_LAUNCH_FWD
+        return launch_status();
+    }
+    const Shape s = choose_shape(rows, n, packed ? vec : 1, kMaxGrid);
 #define OPSMITH_LAUNCH_FWD(P, WR) \
     rms_norm_fwd_kernel<T, A, P, WR><<<(unsigned)s.grid, s.threads, 0, stream>>>(rows, n, xp, xs, wp, (A)eps, yp, ip)
     if (packed) { if (s.warp_rows) OPSMITH_LAUNCH_FWD(true, true); else OPSMITH_LAUNCH_FWD(true, false); }
@@ -260,22 +439,35 @@ opsmith_status bwd(int64_t rows, int64_t n, const void *dy, int64_t dys, const v
     const int vec = Pack<T>::VEC;
     const bool packed = n % vec == 0 && xs % vec == 0 && dys % vec == 0 && aligned16(x) &&
                         aligned16(dy) && aligned16(dx) && (!w || aligned16(w));
-    const Shape s = choose_shape(rows, n, packed ? vec : 1, bwd_max_groups(rows, n));
     const T *dyp = static_cast<const T *>(dy), *xp = static_cast<const T *>(x),
             *wp = static_cast<const T *>(w);
     const A *ip = static_cast<const A *>(inv_rms);
     T *dxp = static_cast<T *>(dx);
     A *partial = dw ? static_cast<A *>(workspace) : nullptr;
+    int64_t parts;
+    const Resident res = packed ? resident_plan(n / vec) : Resident{0, 0};
+    if (res.iters) {
+        parts = resident_bwd_grid(rows, res.threads);
+#define OPSMITH_LAUNCH_BWD(I) \
+    rms_norm_bwd_resident_kernel<T, A, I><<<(unsigned)parts, res.threads, 0, stream>>>(rows, n, dyp, dys, xp, xs, wp, ip, dxp, partial)
+        if (res.iters == 1) OPSMITH_LAUNCH_BWD(1);
+        else if (res.iters == 2) OPSMITH_LAUNCH_BWD(2);
+        else OPSMITH_LAUNCH_BWD(4);
+#undef OPSMITH_LAUNCH_BWD
+    } else {
+    const Shape s = choose_shape(rows, n, packed ? vec : 1, bwd_max_groups(rows, n));
+    parts = s.groups;
 #define OPSMITH_LAUNCH_BWD(P, WR) \
     rms_norm_bwd_kernel<T, A, P, WR><<<(unsigned)s.grid, s.threads, 0, stream>>>(rows, n, dyp, dys, xp, xs, wp, ip, dxp, partial)
     if (packed) { if (s.warp_rows) OPSMITH_LAUNCH_BWD(true, true); else OPSMITH_LAUNCH_BWD(true, false); }
     else { if (s.warp_rows) OPSMITH_LAUNCH_BWD(false, true); else OPSMITH_LAUNCH_BWD(false, false); }
 #undef OPSMITH_LAUNCH_BWD
+    }
     opsmith_status st = launch_status();
     if (st != OPSMITH_STATUS_SUCCESS || !dw) return st;
     const int64_t grid = (n + kReduceCols - 1) / kReduceCols;
     rms_norm_dweight_kernel<T, A><<<(unsigned)grid, dim3(kReduceCols, kReduceSlices), 0, stream>>>(
-        s.groups, n, partial, static_cast<T *>(dw));
+        parts, n, partial, static_cast<T *>(dw));
     return launch_status();
 }
 
@@ -309,7 +501,12 @@ extern "C" size_t opsmith_rms_norm_bwd_cuda_workspace_size(opsmith_dtype dtype, 
     /* the packed or element path may be taken: size for the larger grid */
     const Shape a = choose_shape(rows, n, (int)vec, bwd_max_groups(rows, n));
     const Shape b = choose_shape(rows, n, 1, bwd_max_groups(rows, n));
-    const int64_t groups = a.groups > b.groups ? a.groups : b.groups;
+    int64_t groups = a.groups > b.groups ? a.groups : b.groups;
+    const Resident res = resident_plan(n / vec);
+    if (res.iters) {
+        const int64_t g = resident_bwd_grid(rows, res.threads);
+        if (g > groups) groups = g;
+    }
     return (size_t)(groups * n) * opsmith_dtype_size(opsmith_dtype_accumulate(dtype));
 }
 
