@@ -76,6 +76,18 @@ build/test_c: $(TEST_OBJS) $(LIB)
 ctest: build/test_c
 	OMP_NUM_THREADS=2 ./build/test_c
 
+# The same C tests under AddressSanitizer + UndefinedBehaviorSanitizer, on a
+# CPU-only build of the library (the CUDA launchers are the stand-ins there).
+SAN_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer -g -O1
+SAN_SRCS := $(C_SRCS) csrc/no_cuda.c $(TEST_SRCS)
+build/test_c_sanitize: $(SAN_SRCS) $(HEADERS) $(wildcard tests/c/*.h)
+	@mkdir -p build
+	$(CC) -std=c11 -fopenmp -Wall -Wextra -Iinclude -Icsrc $(SAN_FLAGS) $(SAN_SRCS) -lm -o $@
+
+ctest-sanitize: build/test_c_sanitize
+	OMP_NUM_THREADS=2 ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
+	    ./build/test_c_sanitize
+
 # --- Python environment and the two PyTorch extensions ---------------------
 env: $(PY_ENV)
 
@@ -95,7 +107,7 @@ build/ext.stamp: $(PY_ENV) $(LIB) setup.py $(wildcard csrc/torch/*)
 pytest: build
 	$(PYTHON) -m pytest -q tests
 
-test: ctest pytest
+test: ctest ctest-sanitize pytest
 
 demo: build
 	$(PYTHON) -m opsmith demo
