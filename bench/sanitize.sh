@@ -13,8 +13,8 @@ summary="$out/sanitize-summary.txt"
 status=0
 for tool in memcheck racecheck initcheck synccheck; do
   log="$out/sanitize-$tool.log"
-  compute-sanitizer --tool "$tool" --error-exitcode 99 --print-limit 20 \
-      python3 bench/sanitize_ops.py > "$log" 2>&1
+  timeout "${SANITIZE_TIMEOUT:-300}" compute-sanitizer --tool "$tool" --error-exitcode 99 \
+      --print-limit 20 python3 bench/sanitize_ops.py > "$log" 2>&1
   rc=$?
   errors=$(grep -Eo 'ERROR SUMMARY: [0-9]+ error' "$log" | tail -1)
   echo "$tool: exit $rc; ${errors:-no summary line}; $(grep -E '^sanitize_ops:' "$log" | tail -1)" | tee -a "$summary"

@@ -109,6 +109,9 @@ def main():
                           "losses": losses, "seconds": round(elapsed, 3),
                           "samples_per_s_per_rank": round(args.steps * per_rank / elapsed, 1)}))
     if distributed:
+        # every rank done with its collectives before gloo's threads are torn
+        # down (without it, teardown can race and abort a rank)
+        dist.barrier()
         dist.destroy_process_group()
 
 
