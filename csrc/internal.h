@@ -13,10 +13,10 @@ extern "C" {
 void opsmith_internal_set_cuda_error(const char *message);
 
 /* One validator per op, called by both its CPU and CUDA launchers.
- * For the forward pass dy and dweight are NULL and out is y; for the
- * backward pass out is dx. */
+ * Forward (backward = 0): dy and dweight are NULL and out is y. Backward:
+ * dy is required and out is dx. */
 opsmith_status opsmith_internal_rms_norm_check(opsmith_dtype dtype, int64_t rows, int64_t n,
-                                               const void *x, int64_t x_row_stride,
+                                               const void *x, int64_t x_row_stride, int backward,
                                                const void *dy, int64_t dy_row_stride,
                                                const void *weight, double eps, const void *out,
                                                const void *inv_rms, const void *dweight);

@@ -11,7 +11,7 @@
 static int misaligned(const void *p, size_t size) { return p && (uintptr_t)p % size != 0; }
 
 opsmith_status opsmith_internal_rms_norm_check(opsmith_dtype dtype, int64_t rows, int64_t n,
-                                               const void *x, int64_t x_row_stride,
+                                               const void *x, int64_t x_row_stride, int backward,
                                                const void *dy, int64_t dy_row_stride,
                                                const void *weight, double eps, const void *out,
                                                const void *inv_rms, const void *dweight) {
@@ -19,7 +19,7 @@ opsmith_status opsmith_internal_rms_norm_check(opsmith_dtype dtype, int64_t rows
     if (rows < 0 || n < 1) return OPSMITH_STATUS_INVALID_ARGUMENT;
     if (!(eps >= 0.0)) return OPSMITH_STATUS_INVALID_ARGUMENT; /* also rejects NaN */
     if (rows == 0) return OPSMITH_STATUS_SUCCESS;
-    if (!x || !out || !inv_rms) return OPSMITH_STATUS_INVALID_ARGUMENT;
+    if (!x || !out || !inv_rms || (backward && !dy)) return OPSMITH_STATUS_INVALID_ARGUMENT;
     /* rows may share storage (stride 0, as in an expanded tensor) only if
      * there is one row; otherwise a row must not overlap the next */
     if (x_row_stride < n && rows > 1) return OPSMITH_STATUS_INVALID_ARGUMENT;
@@ -149,7 +149,7 @@ opsmith_status opsmith_rms_norm_fwd_cpu(opsmith_dtype dtype, int64_t rows, int64
                                         const void *x, int64_t x_row_stride,
                                         const void *weight, double eps,
                                         void *y, void *inv_rms) {
-    opsmith_status s = opsmith_internal_rms_norm_check(dtype, rows, n, x, x_row_stride, NULL, 0,
+    opsmith_status s = opsmith_internal_rms_norm_check(dtype, rows, n, x, x_row_stride, 0, NULL, 0,
                                                        weight, eps, y, inv_rms, NULL);
     if (s != OPSMITH_STATUS_SUCCESS || rows == 0) return s;
     switch (dtype) {
@@ -167,11 +167,10 @@ opsmith_status opsmith_rms_norm_bwd_cpu(opsmith_dtype dtype, int64_t rows, int64
                                         const void *x, int64_t x_row_stride,
                                         const void *weight, const void *inv_rms,
                                         void *dx, void *dweight) {
-    opsmith_status s = opsmith_internal_rms_norm_check(dtype, rows, n, x, x_row_stride,
-                                                       dy ? dy : x, dy_row_stride, weight, 0.0, dx,
-                                                       inv_rms, weight ? dweight : NULL);
+    opsmith_status s = opsmith_internal_rms_norm_check(dtype, rows, n, x, x_row_stride, 1, dy,
+                                                       dy_row_stride, weight, 0.0, dx, inv_rms,
+                                                       weight ? dweight : NULL);
     if (s != OPSMITH_STATUS_SUCCESS) return s;
-    if (rows > 0 && !dy) return OPSMITH_STATUS_INVALID_ARGUMENT;
     void *dw = weight ? dweight : NULL;
     if (rows == 0) {
         /* no rows: the weight gradient is an empty sum */

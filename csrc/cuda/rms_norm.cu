@@ -54,23 +54,30 @@ template <bool WARP_ROWS, typename A> __device__ __forceinline__ A group_sum(A v
     else return block_sum(v, scratch);
 }
 
+/* Which rows a thread's row group owns: group g of the grid takes rows
+ * g, g + groups, ...; t is the thread's index inside its group. */
+template <bool WARP_ROWS> struct RowGroup {
+    const int threads = WARP_ROWS ? 32 : blockDim.x;
+    const int t = WARP_ROWS ? (threadIdx.x & 31) : threadIdx.x;
+    const int per_block = WARP_ROWS ? blockDim.x / 32 : 1;
+    const int index = WARP_ROWS ? threadIdx.x / 32 : 0;
+    __device__ int64_t first_row() const { return (int64_t)blockIdx.x * per_block + index; }
+    __device__ int64_t row_step() const { return (int64_t)gridDim.x * per_block; }
+};
+
 template <typename T, typename A, bool PACKED, bool WARP_ROWS>
 __global__ void rms_norm_fwd_kernel(int64_t rows, int64_t n, const T *__restrict__ x, int64_t xs,
                                     const T *__restrict__ w, A eps, T *__restrict__ y,
                                     A *__restrict__ inv_rms) {
     constexpr int S = Step<T, PACKED>::N;
     __shared__ A scratch[32];
-    const int group_threads = WARP_ROWS ? 32 : blockDim.x;
-    const int t = WARP_ROWS ? (threadIdx.x & 31) : threadIdx.x;
-    const int groups_per_block = WARP_ROWS ? blockDim.x / 32 : 1;
-    const int group = WARP_ROWS ? threadIdx.x / 32 : 0;
+    const RowGroup<WARP_ROWS> g;
     const int64_t steps = n / S;
-    for (int64_t r = (int64_t)blockIdx.x * groups_per_block + group; r < rows;
-         r += (int64_t)gridDim.x * groups_per_block) {
+    for (int64_t r = g.first_row(); r < rows; r += g.row_step()) {
         const T *xr = x + r * xs;
         T *yr = y + r * n;
         A sum_sq = 0;
-        for (int64_t i = t; i < steps; i += group_threads) {
+        for (int64_t i = g.t; i < steps; i += g.threads) {
             A v[S];
             load_acc<T, A, PACKED>(xr + i * S, v);
 #pragma unroll
@@ -78,8 +85,8 @@ __global__ void rms_norm_fwd_kernel(int64_t rows, int64_t n, const T *__restrict
         }
         sum_sq = group_sum<WARP_ROWS>(sum_sq, scratch);
         const A inv = rsqrt_acc(sum_sq / (A)n + eps);
-        if (t == 0) inv_rms[r] = inv;
-        for (int64_t i = t; i < steps; i += group_threads) {
+        if (g.t == 0) inv_rms[r] = inv;
+        for (int64_t i = g.t; i < steps; i += g.threads) {
             A v[S];
             load_acc<T, A, PACKED>(xr + i * S, v);
             if (w) {
@@ -105,22 +112,18 @@ __global__ void rms_norm_bwd_kernel(int64_t rows, int64_t n, const T *__restrict
                                     A *__restrict__ partial) {
     constexpr int S = Step<T, PACKED>::N;
     __shared__ A scratch[32];
-    const int group_threads = WARP_ROWS ? 32 : blockDim.x;
-    const int t = WARP_ROWS ? (threadIdx.x & 31) : threadIdx.x;
-    const int groups_per_block = WARP_ROWS ? blockDim.x / 32 : 1;
-    const int group = WARP_ROWS ? threadIdx.x / 32 : 0;
+    const RowGroup<WARP_ROWS> g;
     const int64_t steps = n / S;
     /* With warp rows, each warp keeps its own partial row: partial is
      * (gridDim.x * groups_per_block, n). */
-    A *my_partial = partial ? partial + ((int64_t)blockIdx.x * groups_per_block + group) * n : nullptr;
+    A *my_partial = partial ? partial + g.first_row() * n : nullptr;
     bool first = true;
-    for (int64_t r = (int64_t)blockIdx.x * groups_per_block + group; r < rows;
-         r += (int64_t)gridDim.x * groups_per_block) {
+    for (int64_t r = g.first_row(); r < rows; r += g.row_step()) {
         const T *xr = x + r * xs, *dyr = dy + r * dys;
         T *dxr = dx + r * n;
         const A inv = inv_rms[r];
         A dot = 0;
-        for (int64_t i = t; i < steps; i += group_threads) {
+        for (int64_t i = g.t; i < steps; i += g.threads) {
             A xv[S], gv[S];
             load_acc<T, A, PACKED>(xr + i * S, xv);
             load_acc<T, A, PACKED>(dyr + i * S, gv);
@@ -135,7 +138,7 @@ __global__ void rms_norm_bwd_kernel(int64_t rows, int64_t n, const T *__restrict
         }
         dot = group_sum<WARP_ROWS>(dot, scratch);
         const A scale = inv * inv * inv * dot / (A)n;
-        for (int64_t i = t; i < steps; i += group_threads) {
+        for (int64_t i = g.t; i < steps; i += g.threads) {
             A xv[S], dv[S], out[S];
             load_acc<T, A, PACKED>(xr + i * S, xv);
             load_acc<T, A, PACKED>(dyr + i * S, dv);
@@ -162,7 +165,7 @@ __global__ void rms_norm_bwd_kernel(int64_t rows, int64_t n, const T *__restrict
     }
     if (my_partial && first) {
         /* this row group had no row: its partial row must still read as zero */
-        for (int64_t i = t; i < n; i += group_threads) my_partial[i] = 0;
+        for (int64_t i = g.t; i < n; i += g.threads) my_partial[i] = 0;
     }
 }
 
@@ -482,7 +485,7 @@ extern "C" opsmith_status opsmith_rms_norm_fwd_cuda(opsmith_dtype dtype, int64_t
                                                     const void *x, int64_t x_row_stride,
                                                     const void *weight, double eps, void *y,
                                                     void *inv_rms, opsmith_cuda_stream stream) {
-    opsmith_status st = opsmith_internal_rms_norm_check(dtype, rows, n, x, x_row_stride, nullptr, 0,
+    opsmith_status st = opsmith_internal_rms_norm_check(dtype, rows, n, x, x_row_stride, 0, nullptr, 0,
                                                         weight, eps, y, inv_rms, nullptr);
     if (st != OPSMITH_STATUS_SUCCESS || rows == 0) return st;
     switch (dtype) {
@@ -517,11 +520,10 @@ extern "C" opsmith_status opsmith_rms_norm_bwd_cuda(opsmith_dtype dtype, int64_t
                                                     void *dx, void *dweight, void *workspace,
                                                     size_t workspace_bytes,
                                                     opsmith_cuda_stream stream) {
-    opsmith_status st = opsmith_internal_rms_norm_check(dtype, rows, n, x, x_row_stride,
-                                                        dy ? dy : x, dy_row_stride, weight, 0.0, dx,
-                                                        inv_rms, weight ? dweight : nullptr);
+    opsmith_status st = opsmith_internal_rms_norm_check(dtype, rows, n, x, x_row_stride, 1, dy,
+                                                        dy_row_stride, weight, 0.0, dx, inv_rms,
+                                                        weight ? dweight : nullptr);
     if (st != OPSMITH_STATUS_SUCCESS) return st;
-    if (rows > 0 && !dy) return OPSMITH_STATUS_INVALID_ARGUMENT;
     void *dw = weight ? dweight : nullptr;
     if (rows == 0) {
         /* no rows: the weight gradient is an empty sum */
