@@ -381,6 +381,7 @@ struct Resident {
 };
 
 Resident resident_plan(int64_t steps) {
+    if (steps < 1) return Resident{0, 0};
     for (int iters = 1; iters <= 4; iters *= 2) {
         const int64_t limit = iters == 4 ? kResidentThreads : 256;
         if (steps <= limit * iters) {
@@ -396,7 +397,7 @@ Resident resident_plan(int64_t steps) {
  * rows (each block writes one partial row). Fixed for a given device, rows
  * and n, so the dweight sum order is too. */
 int64_t resident_bwd_grid(int64_t rows, int threads) {
-    int64_t per_sm = 2048 / threads;
+    int64_t per_sm = threads > 0 ? 2048 / threads : 1;
     if (per_sm > 16) per_sm = 16;
     const int64_t g = (int64_t)sm_count() * per_sm;
     return rows < g ? rows : g;
@@ -505,7 +506,7 @@ extern "C" size_t opsmith_rms_norm_bwd_cuda_workspace_size(opsmith_dtype dtype, 
     const Shape a = choose_shape(rows, n, (int)vec, bwd_max_groups(rows, n));
     const Shape b = choose_shape(rows, n, 1, bwd_max_groups(rows, n));
     int64_t groups = a.groups > b.groups ? a.groups : b.groups;
-    const Resident res = resident_plan(n / vec);
+    const Resident res = n % vec == 0 ? resident_plan(n / vec) : Resident{0, 0};
     if (res.iters) {
         const int64_t g = resident_bwd_grid(rows, res.threads);
         if (g > groups) groups = g;
