@@ -806,3 +806,23 @@ def test_x_on_cpu_weight_on_cuda(entry):
     x, weight = rand(4, 8), rand(8, device="cuda")
     with pytest.raises(RuntimeError, match=r"^rms_norm: weight must be on the same device as x"):
         _entry_point(entry)(x, weight, 1e-5)
+
+
+# The raw backward op is public too (torch.ops.opsmith.rms_norm_bwd): its
+# arguments get the same named checks as the forward's.
+BAD_BACKWARD = {
+    "dy_shape": (lambda x, w, inv: (rand(4, 9), x, w, inv), r"^rms_norm: dy must have the shape of x \[4, 8\], got \[4, 9\]"),
+    "dy_dtype": (lambda x, w, inv: (rand(4, 8, dtype=torch.float64), x, w, inv), r"^rms_norm: dy must have the same dtype as x"),
+    "inv_rms_dtype": (lambda x, w, inv: (rand(4, 8), x, w, inv.double()), r"^rms_norm: inv_rms must be Float"),
+    "inv_rms_shape": (lambda x, w, inv: (rand(4, 8), x, w, inv[:3]), r"^rms_norm: inv_rms must have shape x.shape\[:-1\] \[4\], got \[3\]"),
+    "weight_shape": (lambda x, w, inv: (rand(4, 8), x, w[:7], inv), r"^rms_norm: weight must have shape \[8\]"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_BACKWARD))
+def test_backward_op_bad_inputs(case):
+    x, w = rand(4, 8), rand(8)
+    _, inv = torch.ops.opsmith.rms_norm_fwd(x, w, 1e-6)
+    make, pattern = BAD_BACKWARD[case]
+    with pytest.raises(RuntimeError, match=pattern):
+        torch.ops.opsmith.rms_norm_bwd(*make(x, w, inv))
