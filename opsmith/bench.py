@@ -210,17 +210,21 @@ def host_overhead_us(device, calls: int = 2000):
     return out
 
 
-def _sweep(op: OpBench, quick: bool):
+DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
+
+
+def _sweep(op: OpBench, quick: bool, dtypes: Optional[List[str]] = None):
     if quick:
         shapes = [(4096, 4096), (16384, 4096), (4096, 8192), (65536, 1024), (2048, 32768),
                   (512, 65536), (16, 4096), (1, 8192)]
-        return shapes, [torch.bfloat16]
+        return shapes, [DTYPES[d] for d in dtypes or ["bf16"]]
     max_elems = 1 << 30
     shapes = [(r, n) for n in op.hidden_sizes for r in op.row_counts if r * n <= max_elems]
-    return shapes, [torch.bfloat16, torch.float16, torch.float32]
+    return shapes, [DTYPES[d] for d in dtypes or list(DTYPES)]
 
 
-def run(ops: List[str], quick: bool, out_dir: str, providers: Optional[List[str]] = None) -> int:
+def run(ops: List[str], quick: bool, out_dir: str, providers: Optional[List[str]] = None,
+        dtypes: Optional[List[str]] = None, budget_s: Optional[float] = None) -> int:
     if not torch.cuda.is_available():
         print("opsmith bench: needs a CUDA device", file=sys.stderr)
         return 2
@@ -243,15 +247,21 @@ def run(ops: List[str], quick: bool, out_dir: str, providers: Optional[List[str]
     jobs = []
     for name in ops:
         op = OPS[name]
-        shapes, dtypes = _sweep(op, quick)
-        for backward in (False, True):
-            for dtype in dtypes:
-                for rows, n in shapes:
+        shapes, swept_dtypes = _sweep(op, quick, dtypes)
+        # dtype outermost: a run cut short by --budget loses whole dtypes,
+        # not one direction of every shape
+        for dtype in swept_dtypes:
+            for rows, n in shapes:
+                for backward in (False, True):
                     for p in op.providers:
                         if providers is None or p in providers:
                             jobs.append((op, p, rows, n, dtype, backward))
     t0 = time.time()
     for i, (op, p, rows, n, dtype, backward) in enumerate(jobs):
+        if budget_s is not None and time.time() - t0 > budget_s:
+            meta["stopped_early"] = f"{i} of {len(jobs)} measurements run within the {budget_s:.0f} s budget"
+            print(f"\nopsmith bench: {meta['stopped_early']}", file=sys.stderr)
+            break
         direction = "fwd+bwd" if backward else "fwd"
         try:
             ms, moved, peak, timing = _measure(op, p, rows, n, dtype, device, backward)
@@ -286,12 +296,14 @@ def summary_table(results) -> str:
     fraction of copy bandwidth; the fastest marked."""
     rows = results["rows"]
     providers = list(dict.fromkeys(r["provider"] for r in rows))
-    keys = list(dict.fromkeys((r["op"], r["direction"], r["dtype"], r["rows"], r["hidden"]) for r in rows))
+    keys = sorted(dict.fromkeys((r["op"], r["direction"], r["dtype"], r["rows"], r["hidden"]) for r in rows),
+                  key=lambda k: (k[0], k[1] != "fwd", k[2], k[4], k[3]))
     by = {(r["op"], r["direction"], r["dtype"], r["rows"], r["hidden"], r["provider"]): r for r in rows}
     m = results["meta"]
     out = [f"{m['gpu']}, torch {m['torch']}, CUDA {m['cuda']}, {m['date']}; copy bandwidth "
            f"{m['copy_bandwidth_gbs']} GB/s. Cells: median ms (fraction of copy bandwidth); * = fastest; "
-           f"rows <= {SMALL_ROWS} timed by CUDA-graph replay.", "",
+           f"rows <= {SMALL_ROWS} timed by CUDA-graph replay."
+           + (f" Stopped early: {m['stopped_early']}." if m.get("stopped_early") else ""), "",
            "| op | dir | dtype | rows x hidden | " + " | ".join(providers) + " |",
            "|---|---|---|---|" + "---|" * len(providers)]
     for k in keys:
@@ -365,14 +377,18 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m opsmith bench")
     parser.add_argument("--ops", nargs="*", default=list(OPS))
     parser.add_argument("--providers", nargs="*", default=None)
-    parser.add_argument("--quick", action="store_true", help="a few large bf16 shapes")
+    parser.add_argument("--quick", action="store_true", help="a few large shapes (bf16 unless --dtypes)")
+    parser.add_argument("--dtypes", nargs="*", choices=list(DTYPES), default=None,
+                        help="dtypes to sweep (default: all three; bf16 with --quick)")
+    parser.add_argument("--budget", type=float, default=None, metavar="SECONDS",
+                        help="stop starting measurements after this long; the results say so")
     parser.add_argument("--out", default=os.path.join("bench", "results", "latest"))
     parser.add_argument("--readme", metavar="DIR", help="only regenerate README.md's table from DIR")
     args = parser.parse_args(argv)
     if args.readme:
         write_readme_table(args.readme)
         return 0
-    rc = run(args.ops, args.quick, args.out, args.providers)
+    rc = run(args.ops, args.quick, args.out, args.providers, args.dtypes, args.budget)
     if rc == 0:
         with open(os.path.join(args.out, "results.json")) as f:
             results = json.load(f)

@@ -201,6 +201,24 @@ def test_hidden_sizes(device, dtype, n, with_weight):
     check_rms_norm(x, weight, None, dy)
 
 
+@pytest.mark.parametrize(
+    "rows,n",
+    # More rows than the GPU has SMs (140) take the CUDA throughput plan, a
+    # few (3) the latency plan; together they reach every packs-a-thread
+    # count of the register-resident kernels. 32768 is the widest resident
+    # row in 16-bit types; 40000 is packed but wider than any resident plan.
+    [(140, 512), (140, 2048), (140, 4096), (3, 4096), (140, 16384), (3, 16384),
+     (140, 32768), (3, 32768), (140, 40000)],
+    ids=lambda v: str(v),
+)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_launch_plans(device, dtype, rows, n):
+    x = rand_x(rows, n, dtype=dtype, device=device)
+    weight = rand(n, dtype=dtype, device=device)
+    dy = rand(rows, n, dtype=dtype, device=device)
+    check_rms_norm(x, weight, None, dy)
+
+
 @pytest.mark.parametrize("shape", [(96,), (5, 96), (2, 3, 96), (2, 1, 3, 96)], ids=["1d", "2d", "3d", "4d"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 def test_input_ranks(device, dtype, shape):

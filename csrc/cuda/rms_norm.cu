@@ -19,6 +19,11 @@ namespace {
 constexpr int kMaxThreads = 1024;
 constexpr int kMaxGrid = 1 << 16;
 
+/* The generic kernels' row loops run a trip count known only at run time;
+ * unrolling them by 4 lets a thread issue 4 loads before it waits on any,
+ * which is what keeps enough bytes in flight on wide rows. */
+#define OPSMITH_UNROLL_4 _Pragma("unroll 4")
+
 /* Elements a thread handles per step: a pack, or one element. */
 template <typename T, bool PACKED> struct Step {
     static constexpr int N = PACKED ? Pack<T>::VEC : 1;
@@ -77,6 +82,7 @@ __global__ void rms_norm_fwd_kernel(int64_t rows, int64_t n, const T *__restrict
         const T *xr = x + r * xs;
         T *yr = y + r * n;
         A sum_sq = 0;
+        OPSMITH_UNROLL_4
         for (int64_t i = g.t; i < steps; i += g.threads) {
             A v[S];
             load_acc<T, A, PACKED>(xr + i * S, v);
@@ -86,6 +92,7 @@ __global__ void rms_norm_fwd_kernel(int64_t rows, int64_t n, const T *__restrict
         sum_sq = group_sum<WARP_ROWS>(sum_sq, scratch);
         const A inv = rsqrt_acc(sum_sq / (A)n + eps);
         if (g.t == 0) inv_rms[r] = inv;
+        OPSMITH_UNROLL_4
         for (int64_t i = g.t; i < steps; i += g.threads) {
             A v[S];
             load_acc<T, A, PACKED>(xr + i * S, v);
@@ -123,6 +130,7 @@ __global__ void rms_norm_bwd_kernel(int64_t rows, int64_t n, const T *__restrict
         T *dxr = dx + r * n;
         const A inv = inv_rms[r];
         A dot = 0;
+        OPSMITH_UNROLL_4
         for (int64_t i = g.t; i < steps; i += g.threads) {
             A xv[S], gv[S];
             load_acc<T, A, PACKED>(xr + i * S, xv);
@@ -138,6 +146,7 @@ __global__ void rms_norm_bwd_kernel(int64_t rows, int64_t n, const T *__restrict
         }
         dot = group_sum<WARP_ROWS>(dot, scratch);
         const A scale = inv * inv * inv * dot / (A)n;
+        OPSMITH_UNROLL_4
         for (int64_t i = g.t; i < steps; i += g.threads) {
             A xv[S], dv[S], out[S];
             load_acc<T, A, PACKED>(xr + i * S, xv);
@@ -170,11 +179,21 @@ __global__ void rms_norm_bwd_kernel(int64_t rows, int64_t n, const T *__restrict
 }
 
 /* Register-resident kernels: the packed path for rows of at most
- * kResidentThreads * 4 packs. A block owns one row at a time; each thread
- * keeps its ITERS packs of the row in registers, so x (and dy) are read from
- * memory exactly once, and the backward keeps its weight-gradient partial
- * sums in registers across all the block's rows, writing them once. */
-constexpr int kResidentThreads = 512;
+ * kResidentThreads x kResidentIters packs. A block owns one row at a time;
+ * each thread keeps its ITERS packs of the row in registers, so x (and dy)
+ * are read from memory exactly once. */
+constexpr int kResidentThreads = 512, kResidentIters = 8;
+
+/* Calls f(it, i) for each of a thread's ITERS packs that lies inside the
+ * row: pack i = threadIdx.x + it * blockDim.x of `steps`. Unrolled, so the
+ * per-pack arrays f indexes stay in registers. */
+template <int ITERS, typename F> __device__ __forceinline__ void for_my_packs(int64_t steps, F f) {
+#pragma unroll
+    for (int it = 0; it < ITERS; it++) {
+        const int64_t i = threadIdx.x + (int64_t)it * blockDim.x;
+        if (i < steps) f(it, i);
+    }
+}
 
 template <typename T, typename A, int ITERS>
 __global__ void __launch_bounds__(kResidentThreads)
@@ -186,44 +205,46 @@ rms_norm_fwd_resident_kernel(int64_t rows, int64_t n, const T *__restrict__ x, i
     const int64_t steps = n / S;
     for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
         const T *xr = x + r * xs;
-        Pack<T> xp[ITERS];
+        Pack<T> xp[ITERS], wp[ITERS];
         A sum_sq = 0;
+        /* with few packs a thread (the plan for a short batch), the weight is
+         * loaded with x, before the reduction, so the row waits for one round
+         * of memory latency, not two; with many it would cost the registers
+         * that keep more of x in flight, and it is an L1 hit later anyway */
+        constexpr bool kWeightEarly = ITERS <= 2;
+        for_my_packs<ITERS>(steps, [&](int it, int64_t i) {
+            xp[it] = load_pack(xr + i * S);
+            if (kWeightEarly && w) wp[it] = load_pack(w + i * S);
+        });
+        for_my_packs<ITERS>(steps, [&](int it, int64_t) {
 #pragma unroll
-        for (int it = 0; it < ITERS; it++) {
-            const int64_t i = threadIdx.x + (int64_t)it * blockDim.x;
-            if (i < steps) {
-                xp[it] = load_pack(xr + i * S);
-#pragma unroll
-                for (int k = 0; k < S; k++) {
-                    const A v = to_acc(xp[it].v[k]);
-                    sum_sq += v * v;
-                }
+            for (int k = 0; k < S; k++) {
+                const A v = to_acc(xp[it].v[k]);
+                sum_sq += v * v;
             }
-        }
+        });
         sum_sq = block_sum(sum_sq, scratch);
         const A inv = rsqrt_acc(sum_sq / (A)n + eps);
         if (threadIdx.x == 0) inv_rms[r] = inv;
+        for_my_packs<ITERS>(steps, [&](int it, int64_t i) {
+            opaque(xp[it]);
+            if (!kWeightEarly && w) wp[it] = load_pack(w + i * S);
+            Pack<T> out;
 #pragma unroll
-        for (int it = 0; it < ITERS; it++) {
-            const int64_t i = threadIdx.x + (int64_t)it * blockDim.x;
-            if (i < steps) {
-                Pack<T> out;
-                if (w) {
-                    const Pack<T> wp = load_pack(w + i * S);
-#pragma unroll
-                    for (int k = 0; k < S; k++)
-                        out.v[k] = from_acc<T>(to_acc(xp[it].v[k]) * inv * to_acc(wp.v[k]));
-                } else {
-#pragma unroll
-                    for (int k = 0; k < S; k++) out.v[k] = from_acc<T>(to_acc(xp[it].v[k]) * inv);
-                }
-                store_pack(y + r * n + i * S, out);
+            for (int k = 0; k < S; k++) {
+                const A v = to_acc(xp[it].v[k]) * inv;
+                out.v[k] = from_acc<T>(w ? v * to_acc(wp[it].v[k]) : v);
             }
-        }
+            store_pack(y + r * n + i * S, out);
+        });
     }
 }
 
-/* partial is (gridDim.x, n): block b's sum of dy * x * inv_rms over its rows. */
+/* partial is (gridDim.x, n): block b's sum of dy * x * inv_rms over its rows.
+ * The block keeps that sum in dynamic shared memory (n values of A, column
+ * i*S+k at k*steps+i so a warp's accesses hit distinct banks); each thread
+ * owns its columns there, so no barrier guards them, and registers stay free
+ * for the row's packs. */
 template <typename T, typename A, int ITERS>
 __global__ void __launch_bounds__(kResidentThreads)
 rms_norm_bwd_resident_kernel(int64_t rows, int64_t n, const T *__restrict__ dy, int64_t dys,
@@ -231,69 +252,61 @@ rms_norm_bwd_resident_kernel(int64_t rows, int64_t n, const T *__restrict__ dy, 
                              const A *__restrict__ inv_rms, T *__restrict__ dx,
                              A *__restrict__ partial) {
     constexpr int S = Pack<T>::VEC;
+    extern __shared__ __align__(16) unsigned char dynamic_smem[];
+    A *const dw_sum = reinterpret_cast<A *>(dynamic_smem);
     __shared__ A scratch[32];
     const int64_t steps = n / S;
-    A dw_acc[ITERS][S];
+    if (partial)
+        for_my_packs<ITERS>(steps, [&](int, int64_t i) {
 #pragma unroll
-    for (int it = 0; it < ITERS; it++)
-#pragma unroll
-        for (int k = 0; k < S; k++) dw_acc[it][k] = 0;
+            for (int k = 0; k < S; k++) dw_sum[k * steps + i] = 0;
+        });
     for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
         const T *xr = x + r * xs, *dyr = dy + r * dys;
-        Pack<T> xp[ITERS], dp[ITERS];
-        A dot = 0;
-#pragma unroll
-        for (int it = 0; it < ITERS; it++) {
-            const int64_t i = threadIdx.x + (int64_t)it * blockDim.x;
-            if (i < steps) {
-                xp[it] = load_pack(xr + i * S);
-                dp[it] = load_pack(dyr + i * S);
-            }
-        }
-#pragma unroll
-        for (int it = 0; it < ITERS; it++) {
-            const int64_t i = threadIdx.x + (int64_t)it * blockDim.x;
-            if (i < steps) {
-                if (w) {
-                    const Pack<T> wp = load_pack(w + i * S);
-#pragma unroll
-                    for (int k = 0; k < S; k++)
-                        dot += to_acc(dp[it].v[k]) * to_acc(wp.v[k]) * to_acc(xp[it].v[k]);
-                } else {
-#pragma unroll
-                    for (int k = 0; k < S; k++) dot += to_acc(dp[it].v[k]) * to_acc(xp[it].v[k]);
-                }
-            }
-        }
-        dot = block_sum(dot, scratch);
+        Pack<T> xp[ITERS], dp[ITERS], wp[ITERS];
+        /* as in the forward: inv_rms, and the weight when few packs a thread,
+         * are loaded with the row, so a short batch waits on memory once */
+        constexpr bool kWeightEarly = ITERS <= 2;
         const A inv = inv_rms[r];
-        const A scale = inv * inv * inv * dot / (A)n;
+        for_my_packs<ITERS>(steps, [&](int it, int64_t i) {
+            xp[it] = load_pack(xr + i * S);
+            dp[it] = load_pack(dyr + i * S);
+            if (kWeightEarly && w) wp[it] = load_pack(w + i * S);
+        });
+        A dot = 0;
+        for_my_packs<ITERS>(steps, [&](int it, int64_t i) {
+            if (w) {
+                if (!kWeightEarly) wp[it] = load_pack(w + i * S);
 #pragma unroll
-        for (int it = 0; it < ITERS; it++) {
-            const int64_t i = threadIdx.x + (int64_t)it * blockDim.x;
-            if (i < steps) {
-                Pack<T> out;
-                Pack<T> wp;
-                if (w) wp = load_pack(w + i * S);
+                for (int k = 0; k < S; k++)
+                    dot += to_acc(dp[it].v[k]) * to_acc(wp[it].v[k]) * to_acc(xp[it].v[k]);
+            } else {
 #pragma unroll
-                for (int k = 0; k < S; k++) {
-                    const A g = to_acc(dp[it].v[k]), xv = to_acc(xp[it].v[k]);
-                    out.v[k] = from_acc<T>(inv * g * (w ? to_acc(wp.v[k]) : A(1)) - xv * scale);
-                    dw_acc[it][k] += g * xv * inv;
-                }
-                store_pack(dx + r * n + i * S, out);
+                for (int k = 0; k < S; k++) dot += to_acc(dp[it].v[k]) * to_acc(xp[it].v[k]);
             }
-        }
+        });
+        dot = block_sum(dot, scratch);
+        const A scale = inv * inv * inv * dot / (A)n;
+        for_my_packs<ITERS>(steps, [&](int it, int64_t i) {
+            opaque(xp[it]);
+            opaque(dp[it]);
+            if (w) opaque(wp[it]);
+            Pack<T> out;
+#pragma unroll
+            for (int k = 0; k < S; k++) {
+                const A g = to_acc(dp[it].v[k]), xv = to_acc(xp[it].v[k]);
+                out.v[k] = from_acc<T>(inv * g * (w ? to_acc(wp[it].v[k]) : A(1)) - xv * scale);
+                if (partial) dw_sum[k * steps + i] += g * xv * inv;
+            }
+            store_pack(dx + r * n + i * S, out);
+        });
     }
     if (partial) {
         A *pr = partial + (int64_t)blockIdx.x * n;
+        for_my_packs<ITERS>(steps, [&](int, int64_t i) {
 #pragma unroll
-        for (int it = 0; it < ITERS; it++) {
-            const int64_t i = threadIdx.x + (int64_t)it * blockDim.x;
-            if (i < steps)
-#pragma unroll
-                for (int k = 0; k < S; k++) pr[i * S + k] = dw_acc[it][k];
-        }
+            for (int k = 0; k < S; k++) pr[i * S + k] = dw_sum[k * steps + i];
+        });
     }
 }
 
@@ -360,8 +373,6 @@ int64_t bwd_max_groups(int64_t rows, int64_t n) {
     return rows < cap ? rows : cap;
 }
 
-int step_of(opsmith_dtype dtype) { return (int)(16 / opsmith_dtype_size(dtype)); }
-
 int sm_count(void) {
     int device = 0, sms = 0;
     if (cudaGetDevice(&device) != cudaSuccess ||
@@ -372,35 +383,92 @@ int sm_count(void) {
     return sms;
 }
 
-/* The register-resident plan for a packed row of `steps` packs: ITERS packs a
- * thread, the fewest ITERS that keep a block at 256 threads or fewer (512 at
- * ITERS = 4); iters == 0 when the row is too wide for it. */
+/* The register-resident plan for a packed row of `steps` packs: ITERS packs
+ * a thread and a block of `threads`; iters == 0 when the row is too wide.
+ * Throughput (many rows): up to 4 packs a thread while a block keeps at
+ * least min_threads, so an SM holds many short blocks and many bytes in
+ * flight (8 packs a thread take so many registers that fewer bytes are in
+ * flight per SM, `-Xptxas -v` in bench/NOTES.md). Latency (a short batch,
+ * no more rows than SMs): the widest block and fewest packs a thread, so a
+ * row costs about one round of memory latency. Either way rows wider than
+ * kResidentThreads x ITERS packs take more ITERS, up to max_iters. */
 struct Resident {
     int iters;
     int threads;
 };
 
-Resident resident_plan(int64_t steps) {
-    if (steps < 1) return Resident{0, 0};
-    for (int iters = 1; iters <= 4; iters *= 2) {
-        const int64_t limit = iters == 4 ? kResidentThreads : 256;
-        if (steps <= limit * iters) {
-            int64_t t = (steps + iters - 1) / iters;
-            t = (t + 31) / 32 * 32;
-            return Resident{iters, (int)t};
-        }
+Resident resident_plan(int64_t steps, int min_threads, bool latency, int max_iters) {
+    if (steps < 1 || steps > (int64_t)kResidentThreads * max_iters) return Resident{0, 0};
+    int iters = 1;
+    if (!latency) {
+        iters = 4;
+        while (iters > 1 && (steps + iters - 1) / iters < min_threads) iters /= 2;
     }
-    return Resident{0, 0};
+    while (steps > (int64_t)kResidentThreads * iters) iters *= 2;
+    int64_t t = (steps + iters - 1) / iters;
+    t = (t + 31) / 32 * 32;
+    return Resident{iters, (int)t};
 }
 
-/* Blocks of the resident backward: enough to fill every SM, no more than
- * rows (each block writes one partial row). Fixed for a given device, rows
- * and n, so the dweight sum order is too. */
-int64_t resident_bwd_grid(int64_t rows, int threads) {
-    int64_t per_sm = threads > 0 ? 2048 / threads : 1;
-    if (per_sm > 16) per_sm = 16;
-    const int64_t g = (int64_t)sm_count() * per_sm;
-    return rows < g ? rows : g;
+constexpr int kFwdMinThreads = 64, kBwdMinThreads = 128;
+
+template <typename T, typename A> using FwdResidentKernel =
+    void (*)(int64_t, int64_t, const T *, int64_t, const T *, A, T *, A *);
+template <typename T, typename A> using BwdResidentKernel =
+    void (*)(int64_t, int64_t, const T *, int64_t, const T *, int64_t, const T *, const A *, T *, A *);
+
+template <typename T, typename A> FwdResidentKernel<T, A> fwd_resident_kernel(int iters) {
+    switch (iters) {
+    case 1: return rms_norm_fwd_resident_kernel<T, A, 1>;
+    case 2: return rms_norm_fwd_resident_kernel<T, A, 2>;
+    case 4: return rms_norm_fwd_resident_kernel<T, A, 4>;
+    default: return rms_norm_fwd_resident_kernel<T, A, 8>;
+    }
+}
+
+template <typename T, typename A> BwdResidentKernel<T, A> bwd_resident_kernel(int iters) {
+    switch (iters) {
+    case 1: return rms_norm_bwd_resident_kernel<T, A, 1>;
+    case 2: return rms_norm_bwd_resident_kernel<T, A, 2>;
+    case 4: return rms_norm_bwd_resident_kernel<T, A, 4>;
+    default: return rms_norm_bwd_resident_kernel<T, A, 8>;
+    }
+}
+
+/* The resident backward's launch: its plan, the shared memory for the
+ * weight-gradient sums, and a grid of as many blocks as fit on the device at
+ * once (each block then walks rows / grid rows; a second wave of blocks
+ * would only add a tail), at most one a row. The grid is the number of
+ * partial rows, so it is fixed for a device, rows, n and dtype, and so is
+ * the order dweight is summed in. grid == 0: take the generic kernel. */
+struct BwdLaunch {
+    Resident plan;
+    size_t smem;
+    int64_t grid;
+};
+
+template <typename T, typename A> BwdLaunch bwd_resident_launch(int64_t rows, int64_t n, bool with_dw) {
+    BwdLaunch l{Resident{0, 0}, 0, 0};
+    const int64_t vec = Pack<T>::VEC;
+    if (n % vec != 0) return l;
+    const int sms = sm_count();
+    l.plan = resident_plan(n / vec, kBwdMinThreads, rows <= sms, kResidentIters);
+    if (!l.plan.iters) return l;
+    l.smem = with_dw ? (size_t)n * sizeof(A) : 0;
+    int device = 0, optin = 0, per_sm = 0;
+    const BwdResidentKernel<T, A> k = bwd_resident_kernel<T, A>(l.plan.iters);
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess ||
+        l.smem > (size_t)optin ||
+        cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)l.smem) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, l.plan.threads, l.smem) != cudaSuccess ||
+        per_sm < 1) {
+        cudaGetLastError(); /* the generic kernel is taken; leave no error behind */
+        return BwdLaunch{Resident{0, 0}, 0, 0};
+    }
+    const int64_t g = (int64_t)sms * per_sm;
+    l.grid = rows < g ? rows : g;
+    return l;
 }
 
 template <opsmith_dtype D>
@@ -414,15 +482,18 @@ opsmith_status fwd(int64_t rows, int64_t n, const void *x, int64_t xs, const voi
     const T *xp = static_cast<const T *>(x), *wp = static_cast<const T *>(w);
     T *yp = static_cast<T *>(y);
     A *ip = static_cast<A *>(inv_rms);
-    const Resident res = packed ? resident_plan(n / vec) : Resident{0, 0};
+    /* a forward over many wide rows reads them twice through L1/L2 in the
+     * generic kernel instead of holding them: 8 packs a thread would leave
+     * one 512-thread block an SM (measured 0.71 of copy at 2048 x 32768 bf16
+     * against the generic kernel's 0.78) */
+    const bool latency = rows <= sm_count();
+    const Resident res = packed ? resident_plan(n / vec, kFwdMinThreads, latency,
+                                                latency ? kResidentIters : 4)
+                                : Resident{0, 0};
     if (res.iters) {
         const unsigned grid = (unsigned)(rows < kMaxGrid ? rows : kMaxGrid);
-#define OPSMITH_LAUNCH_FWD(I) \
-    rms_norm_fwd_resident_kernel<T, A, I><<<grid, res.threads, 0, stream>>>(rows, n, xp, xs, wp, (A)eps, yp, ip)
-        if (res.iters == 1) OPSMITH_LAUNCH_FWD(1);
-        else if (res.iters == 2) OPSMITH_LAUNCH_FWD(2);
-        else OPSMITH_LAUNCH_FWD(4);
-#undef OPSMITH_LAUNCH_FWD
+        fwd_resident_kernel<T, A>(res.iters)<<<grid, res.threads, 0, stream>>>(rows, n, xp, xs, wp,
+                                                                                (A)eps, yp, ip);
         return launch_status();
     }
     const Shape s = choose_shape(rows, n, packed ? vec : 1, kMaxGrid);
@@ -449,15 +520,12 @@ opsmith_status bwd(int64_t rows, int64_t n, const void *dy, int64_t dys, const v
     T *dxp = static_cast<T *>(dx);
     A *partial = dw ? static_cast<A *>(workspace) : nullptr;
     int64_t parts;
-    const Resident res = packed ? resident_plan(n / vec) : Resident{0, 0};
-    if (res.iters) {
-        parts = resident_bwd_grid(rows, res.threads);
-#define OPSMITH_LAUNCH_BWD(I) \
-    rms_norm_bwd_resident_kernel<T, A, I><<<(unsigned)parts, res.threads, 0, stream>>>(rows, n, dyp, dys, xp, xs, wp, ip, dxp, partial)
-        if (res.iters == 1) OPSMITH_LAUNCH_BWD(1);
-        else if (res.iters == 2) OPSMITH_LAUNCH_BWD(2);
-        else OPSMITH_LAUNCH_BWD(4);
-#undef OPSMITH_LAUNCH_BWD
+    const BwdLaunch res = packed ? bwd_resident_launch<T, A>(rows, n, dw != nullptr)
+                                 : BwdLaunch{Resident{0, 0}, 0, 0};
+    if (res.grid) {
+        parts = res.grid;
+        bwd_resident_kernel<T, A>(res.plan.iters)<<<(unsigned)parts, res.plan.threads, res.smem, stream>>>(
+            rows, n, dyp, dys, xp, xs, wp, ip, dxp, partial);
     } else {
     const Shape s = choose_shape(rows, n, packed ? vec : 1, bwd_max_groups(rows, n));
     parts = s.groups;
@@ -473,6 +541,18 @@ opsmith_status bwd(int64_t rows, int64_t n, const void *dy, int64_t dys, const v
     rms_norm_dweight_kernel<T, A><<<(unsigned)grid, dim3(kReduceCols, kReduceSlices), 0, stream>>>(
         parts, n, partial, static_cast<T *>(dw));
     return launch_status();
+}
+
+/* Partial rows the backward may write for dweight: the larger of the
+ * generic kernel's (packed or element path) and the resident kernel's. */
+template <opsmith_dtype D> int64_t bwd_partial_rows(int64_t rows, int64_t n) {
+    using T = typename Storage<D>::T;
+    using A = typename Storage<D>::Acc;
+    const Shape a = choose_shape(rows, n, Pack<T>::VEC, bwd_max_groups(rows, n));
+    const Shape b = choose_shape(rows, n, 1, bwd_max_groups(rows, n));
+    int64_t groups = a.groups > b.groups ? a.groups : b.groups;
+    const int64_t g = bwd_resident_launch<T, A>(rows, n, true).grid;
+    return g > groups ? g : groups;
 }
 
 } // namespace
@@ -501,15 +581,12 @@ extern "C" opsmith_status opsmith_rms_norm_fwd_cuda(opsmith_dtype dtype, int64_t
 extern "C" size_t opsmith_rms_norm_bwd_cuda_workspace_size(opsmith_dtype dtype, int64_t rows, int64_t n,
                                                            int with_dweight) {
     if (!with_dweight || rows <= 0 || n <= 0 || (unsigned)dtype >= OPSMITH_DTYPE_COUNT) return 0;
-    const int64_t vec = step_of(dtype);
-    /* the packed or element path may be taken: size for the larger grid */
-    const Shape a = choose_shape(rows, n, (int)vec, bwd_max_groups(rows, n));
-    const Shape b = choose_shape(rows, n, 1, bwd_max_groups(rows, n));
-    int64_t groups = a.groups > b.groups ? a.groups : b.groups;
-    const Resident res = n % vec == 0 ? resident_plan(n / vec) : Resident{0, 0};
-    if (res.iters) {
-        const int64_t g = resident_bwd_grid(rows, res.threads);
-        if (g > groups) groups = g;
+    int64_t groups;
+    switch (dtype) {
+    case OPSMITH_DTYPE_F64: groups = bwd_partial_rows<OPSMITH_DTYPE_F64>(rows, n); break;
+    case OPSMITH_DTYPE_F32: groups = bwd_partial_rows<OPSMITH_DTYPE_F32>(rows, n); break;
+    case OPSMITH_DTYPE_F16: groups = bwd_partial_rows<OPSMITH_DTYPE_F16>(rows, n); break;
+    default: groups = bwd_partial_rows<OPSMITH_DTYPE_BF16>(rows, n); break;
     }
     return (size_t)(groups * n) * opsmith_dtype_size(opsmith_dtype_accumulate(dtype));
 }

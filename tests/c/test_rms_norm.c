@@ -380,6 +380,19 @@ static int build_cases(opsmith_dtype dt, rms_case *out)
         {dt, 7, 8, 1, 1, 0, 0, 0, 0, 0.0},       /* eps = 0 is allowed */
         {dt, 130, 8, 1, 1, 0, 0, 0, 0, 0.5},     /* eps comparable to mean(x^2) */
         {dt, 2000, 1024, 1, 1, 0, 0, 0, 0, 1e-6}, /* many rows: dweight reduction */
+        /* each CUDA launch plan: 140 rows (more than a GPU's SMs) take the
+         * throughput plan, 3 rows the latency plan, at every packs-a-thread
+         * count; 32768 is the widest register-resident row in 16-bit types,
+         * 40000 a packed row wider than any resident plan */
+        {dt, 140, 512, 1, 1, 0, 0, 0, 0, 1e-6},
+        {dt, 140, 2048, 1, 1, 0, 0, 0, 0, 1e-6},
+        {dt, 140, 4096, 1, 1, 0, 0, 0, 0, 1e-6},
+        {dt, 3, 4096, 1, 1, 0, 0, 0, 0, 1e-6},
+        {dt, 140, 16384, 1, 1, 0, 0, 0, 0, 1e-6},
+        {dt, 3, 16384, 1, 1, 0, 0, 0, 0, 1e-6},
+        {dt, 140, 32768, 1, 1, 0, 0, 0, 0, 1e-6},
+        {dt, 3, 32768, 0, 0, 0, 0, 0, 0, 1e-6},
+        {dt, 140, 40000, 1, 1, 0, 0, 0, 0, 1e-6},
     };
     for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++)
         out[k++] = extra[i];
@@ -391,7 +404,7 @@ void test_rms_norm(void)
     const int cuda = cuda_begin();
     for (int di = 0; di < OPSMITH_DTYPE_COUNT; di++) {
         const opsmith_dtype dt = (opsmith_dtype)di;
-        rms_case cases[64];
+        rms_case cases[80];
         const int count = build_cases(dt, cases);
         test_rng rng = {0xC0FFEEull * (uint64_t)(di + 1)};
         for (int i = 0; i < count; i++) {
