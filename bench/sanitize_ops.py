@@ -7,7 +7,8 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+_ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+sys.path[:0] = [_ROOT, os.path.join(_ROOT, "tests")]  # the in-place build of opsmith, the test registry
 from op_registry import OPS  # noqa: E402
 
 # (rows, width): element path (odd widths), warp rows, resident packed, wide packed
