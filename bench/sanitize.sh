@@ -16,7 +16,8 @@ for tool in memcheck racecheck initcheck synccheck; do
   timeout "${SANITIZE_TIMEOUT:-300}" compute-sanitizer --tool "$tool" --error-exitcode 99 \
       --print-limit 20 python3 bench/sanitize_ops.py > "$log" 2>&1
   rc=$?
-  errors=$(grep -Eo 'ERROR SUMMARY: [0-9]+ error' "$log" | tail -1)
+  # racecheck reports hazards; the other tools report errors
+  errors=$(grep -Eo '(ERROR SUMMARY: [0-9]+ errors?|RACECHECK SUMMARY: [0-9]+ hazards? displayed \([0-9]+ errors?, [0-9]+ warnings?\))' "$log" | tail -1)
   echo "$tool: exit $rc; ${errors:-no summary line}; $(grep -E '^sanitize_ops:' "$log" | tail -1)" | tee -a "$summary"
   [ "$rc" -eq 0 ] || status=1
 done

@@ -11,8 +11,11 @@ _ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path[:0] = [_ROOT, os.path.join(_ROOT, "tests")]  # the in-place build of opsmith, the test registry
 from op_registry import OPS  # noqa: E402
 
-# (rows, width): element path (odd widths), warp rows, resident packed, wide packed
-SHAPES = [(3, 1), (5, 3), (7, 769), (33, 64), (4, 1024), (9, 4096), (2, 5125), (2, 65536)]
+# (rows, width): element path (odd widths), warp rows, resident packed, wide
+# packed; few rows take the CUDA latency plans (a row a block), more rows
+# than SMs the throughput plans (several rows a block, 4 and 8 packs a thread)
+SHAPES = [(3, 1), (5, 3), (7, 769), (33, 64), (4, 1024), (9, 4096), (2, 5125), (2, 65536),
+          (300, 4096), (140, 32768)]
 
 
 def main() -> int:

@@ -291,13 +291,22 @@ def run(ops: List[str], quick: bool, out_dir: str, providers: Optional[List[str]
     return 0
 
 
-def summary_table(results) -> str:
+CONDENSED_SMALL_ROWS = 16
+
+
+def summary_table(results, condensed: bool = False) -> str:
     """Markdown: per (op, direction, dtype, shape), each provider's time and
-    fraction of copy bandwidth; the fastest marked."""
+    fraction of copy bandwidth; the fastest marked. condensed: per hidden
+    size only the largest row count swept and CONDENSED_SMALL_ROWS rows."""
     rows = results["rows"]
     providers = list(dict.fromkeys(r["provider"] for r in rows))
     keys = sorted(dict.fromkeys((r["op"], r["direction"], r["dtype"], r["rows"], r["hidden"]) for r in rows),
                   key=lambda k: (k[0], k[1] != "fwd", k[2], k[4], k[3]))
+    if condensed:
+        largest = {}
+        for k in keys:
+            largest[k[:3] + k[4:]] = max(largest.get(k[:3] + k[4:], 0), k[3])
+        keys = [k for k in keys if k[3] in (largest[k[:3] + k[4:]], CONDENSED_SMALL_ROWS)]
     by = {(r["op"], r["direction"], r["dtype"], r["rows"], r["hidden"], r["provider"]): r for r in rows}
     m = results["meta"]
     out = [f"{m['gpu']}, torch {m['torch']}, CUDA {m['cuda']}, {m['date']}; copy bandwidth "
@@ -364,11 +373,12 @@ def write_readme_table(results_dir: str, readme: str = "README.md") -> None:
     """Replace the README's benchmark section with the table generated from
     results_dir/results.json (never typed by hand)."""
     with open(os.path.join(results_dir, "results.json")) as f:
-        table = summary_table(json.load(f))
+        table = summary_table(json.load(f), condensed=True)
     with open(readme) as f:
         text = f.read()
     start, end = text.index(README_BEGIN), text.index(README_END)
-    body = f"{README_BEGIN}\nFrom `{results_dir}/results.json`:\n\n{table}\n"
+    body = (f"{README_BEGIN}\nFrom `{results_dir}/results.json`, per hidden size the largest row count "
+            f"swept and {CONDENSED_SMALL_ROWS} rows (every shape: `{results_dir}/table.md`):\n\n{table}\n")
     with open(readme, "w") as f:
         f.write(text[:start] + body + text[end:])
 

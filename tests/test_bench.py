@@ -1,0 +1,70 @@
+"""The benchmark suite's bookkeeping, which runs without a GPU: the sweep,
+the tables made from results, the README section generated from them."""
+import json
+
+import pytest
+import torch
+
+bench = pytest.importorskip("opsmith.bench")
+
+
+def _row(direction, dtype, rows, hidden, provider, ms, **extra):
+    r = {"op": "rms_norm", "direction": direction, "provider": provider, "dtype": dtype,
+         "rows": rows, "hidden": hidden, "ms": ms, "bytes": 1, "gbs": 1.0 / ms,
+         "fraction_of_copy": 0.5 / ms, "peak_extra_mb": 0.0, "timing": "events", "error": ""}
+    r.update(extra)
+    return r
+
+
+def _results(rows, **meta):
+    m = {"gpu": "GPU", "torch": "t", "cuda": "c", "date": "d", "copy_bandwidth_gbs": 1.0}
+    m.update(meta)
+    return {"meta": m, "rows": rows}
+
+
+def test_sweep_limits_size_and_dtypes():
+    shapes, dtypes = bench._sweep(bench.OPS["rms_norm"], quick=False, dtypes=["f16"])
+    assert dtypes == [torch.float16]
+    assert shapes and all(r * n <= 1 << 30 for r, n in shapes)
+    assert (262144, 4096) in shapes and (262144, 8192) not in shapes
+    _, quick_dtypes = bench._sweep(bench.OPS["rms_norm"], quick=True)
+    assert quick_dtypes == [torch.bfloat16]
+
+
+def test_table_marks_the_fastest_and_a_missing_provider():
+    rows = [_row("fwd", "bfloat16", 8, 512, "opsmith", 2.0),
+            _row("fwd", "bfloat16", 8, 512, "torch_F", 1.0),
+            _row("fwd", "bfloat16", 8, 512, "liger", float("nan"))]
+    table = bench.summary_table(_results(rows))
+    line = next(l for l in table.splitlines() if "8x512" in l)
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells[4:] == ["2.0000 (0.25)", "1.0000 (0.50)*", "n/a"]
+
+
+def test_condensed_table_keeps_largest_and_decode_rows():
+    rows = [_row(d, "bfloat16", r, n, "opsmith", 1.0)
+            for d in ("fwd", "fwd+bwd") for n in (512, 4096) for r in (1, 16, 1024, 65536)]
+    rows.append(_row("fwd", "bfloat16", 262144, 512, "opsmith", 1.0))
+    table = bench.summary_table(_results(rows), condensed=True)
+    shapes = [l.split("|")[4].strip() for l in table.splitlines() if l.startswith("| rms_norm")]
+    assert shapes == ["16x512", "262144x512", "16x4096", "65536x4096",
+                      "16x512", "65536x512", "16x4096", "65536x4096"]
+
+
+def test_table_says_when_a_run_stopped_early():
+    table = bench.summary_table(_results([_row("fwd", "float32", 1, 512, "opsmith", 1.0)],
+                                         stopped_early="3 of 9 measurements"))
+    assert "Stopped early: 3 of 9 measurements." in table.splitlines()[0]
+
+
+def test_readme_section_is_replaced_between_markers(tmp_path):
+    results_dir = tmp_path / "run"
+    results_dir.mkdir()
+    rows = [_row("fwd", "bfloat16", 65536, 512, "opsmith", 1.0)]
+    (results_dir / "results.json").write_text(json.dumps(_results(rows)))
+    readme = tmp_path / "README.md"
+    readme.write_text(f"before\n{bench.README_BEGIN}\nold table\n{bench.README_END}\nafter\n")
+    bench.write_readme_table(str(results_dir), str(readme))
+    text = readme.read_text()
+    assert "old table" not in text and "65536x512" in text
+    assert text.startswith("before\n") and text.endswith(f"{bench.README_END}\nafter\n")
