@@ -303,10 +303,10 @@ def summary_table(results, condensed: bool = False) -> str:
     keys = sorted(dict.fromkeys((r["op"], r["direction"], r["dtype"], r["rows"], r["hidden"]) for r in rows),
                   key=lambda k: (k[0], k[1] != "fwd", k[2], k[4], k[3]))
     if condensed:
-        largest = {}
-        for k in keys:
-            largest[k[:3] + k[4:]] = max(largest.get(k[:3] + k[4:], 0), k[3])
-        keys = [k for k in keys if k[3] in (largest[k[:3] + k[4:]], CONDENSED_SMALL_ROWS)]
+        largest = {}  # (op, direction, dtype, hidden) -> largest row count swept
+        for op, direction, dtype, n_rows, hidden in keys:
+            largest[op, direction, dtype, hidden] = max(largest.get((op, direction, dtype, hidden), 0), n_rows)
+        keys = [k for k in keys if k[3] in (largest[k[0], k[1], k[2], k[4]], CONDENSED_SMALL_ROWS)]
     by = {(r["op"], r["direction"], r["dtype"], r["rows"], r["hidden"], r["provider"]): r for r in rows}
     m = results["meta"]
     out = [f"{m['gpu']}, torch {m['torch']}, CUDA {m['cuda']}, {m['date']}; copy bandwidth "
