@@ -43,7 +43,7 @@ OBJS := $(C_SRCS:%.c=build/%.o) build/csrc/no_cuda.o
 endif
 LIB := build/libopsmith.a
 
-.PHONY: build lib ext ctest ctest-sanitize pytest test demo bench clean env
+.PHONY: build lib ext kernel-bench ctest ctest-sanitize pytest test demo bench clean env
 
 build: ext
 	@touch build/READY
@@ -75,6 +75,11 @@ build/test_c: $(TEST_OBJS) $(LIB)
 
 ctest: build/test_c
 	OMP_NUM_THREADS=2 ./build/test_c
+
+# the launchers timed without PyTorch (bench/kernel_bench.c), for kernel work
+kernel-bench: build/kernel_bench
+build/kernel_bench: bench/kernel_bench.c $(LIB)
+	$(CC) -std=c11 -O2 -Wall -Wextra -Iinclude $(CUDA_TEST_FLAGS) $< $(LIB) -fopenmp -lm -lstdc++ $(CUDA_LINK) -o $@
 
 # The same C tests under AddressSanitizer + UndefinedBehaviorSanitizer, on a
 # CPU-only build of the library (the CUDA launchers are the stand-ins there).

@@ -15,7 +15,7 @@ from op_registry import OPS  # noqa: E402
 # packed; few rows take the CUDA latency plans (a row a block), more rows
 # than SMs the throughput plans (several rows a block, 4 and 8 packs a thread)
 SHAPES = [(3, 1), (5, 3), (7, 769), (33, 64), (4, 1024), (9, 4096), (2, 5125), (2, 65536),
-          (300, 4096), (140, 32768)]
+          (300, 4096), (140, 32768), (600, 4096), (140, 65536)]
 
 
 def main() -> int:

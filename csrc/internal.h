@@ -21,6 +21,12 @@ opsmith_status opsmith_internal_rms_norm_check(opsmith_dtype dtype, int64_t rows
                                                const void *weight, double eps, const void *out,
                                                const void *inv_rms, const void *dweight);
 
+/* The CUDA kernel family ("resident", "staged", "generic") a contiguous,
+ * aligned RMSNorm call of this shape takes on the current device, and the
+ * CTAs that share a row (cluster size) in *ctas; for tests. CUDA builds only. */
+const char *opsmith_internal_rms_norm_cuda_plan(opsmith_dtype dtype, int64_t rows, int64_t n, int backward,
+                                                int *ctas);
+
 #ifdef __cplusplus
 }
 #endif

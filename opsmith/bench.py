@@ -149,11 +149,14 @@ def _measure(op: OpBench, provider: str, rows, n, dtype, device, backward: bool)
     torch.cuda.synchronize()
     peak_extra = torch.cuda.max_memory_allocated(device) - base
     moved = (op.fwdbwd_bytes if backward else op.fwd_bytes)(rows, n, elem)
-    if rows <= SMALL_ROWS:
-        # decoding-sized calls: host time would dominate, so time the replay
-        # of a CUDA graph of GRAPH_CALLS calls (inputs rotate inside it)
+    if rows <= SMALL_ROWS or backward:
+        # decoding-sized calls, and every forward+backward step (a forward,
+        # an autograd call, several launches: on a slow host the host sets
+        # the pace of steps under ~1 ms): time the replay of a CUDA graph of
+        # several calls (inputs rotate inside it), so the GPU time is measured
+        calls = GRAPH_CALLS if moved < L2_FLUSH_BYTES else 3
         try:
-            return _graph_ms(step), moved, peak_extra, "graph"
+            return _graph_ms(step, calls), moved, peak_extra, "graph"
         except Exception:
             torch.cuda.synchronize()
     return _do_bench(step), moved, peak_extra, "events"
@@ -163,7 +166,7 @@ SMALL_ROWS = 64
 GRAPH_CALLS = 20
 
 
-def _graph_ms(step) -> float:
+def _graph_ms(step, calls: int = GRAPH_CALLS) -> float:
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -172,11 +175,11 @@ def _graph_ms(step) -> float:
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        for _ in range(GRAPH_CALLS):
+        for _ in range(calls):
             step()
     graph.replay()
     torch.cuda.synchronize()
-    return _do_bench(graph.replay) / GRAPH_CALLS
+    return _do_bench(graph.replay) / calls
 
 
 def host_overhead_us(device, calls: int = 2000):
@@ -309,9 +312,13 @@ def summary_table(results, condensed: bool = False) -> str:
         keys = [k for k in keys if k[3] in (largest[k[0], k[1], k[2], k[4]], CONDENSED_SMALL_ROWS)]
     by = {(r["op"], r["direction"], r["dtype"], r["rows"], r["hidden"], r["provider"]): r for r in rows}
     m = results["meta"]
+    # results from before every forward+backward step was graph-timed say so
+    fwdbwd = [r for r in rows if r["direction"] == "fwd+bwd" and r["ms"] == r["ms"]]
+    graphed = (f"forward+backward steps and forward rows <= {SMALL_ROWS}"
+               if fwdbwd and all(r.get("timing") == "graph" for r in fwdbwd) else f"rows <= {SMALL_ROWS}")
     out = [f"{m['gpu']}, torch {m['torch']}, CUDA {m['cuda']}, {m['date']}; copy bandwidth "
            f"{m['copy_bandwidth_gbs']} GB/s. Cells: median ms (fraction of copy bandwidth); * = fastest; "
-           f"rows <= {SMALL_ROWS} timed by CUDA-graph replay."
+           f"{graphed} timed by CUDA-graph replay."
            + (f" Stopped early: {m['stopped_early']}." if m.get("stopped_early") else ""), "",
            "| op | dir | dtype | rows x hidden | " + " | ".join(providers) + " |",
            "|---|---|---|---|" + "---|" * len(providers)]

@@ -207,8 +207,11 @@ def test_hidden_sizes(device, dtype, n, with_weight):
     # few (3) the latency plan; together they reach every packs-a-thread
     # count of the register-resident kernels. 32768 is the widest resident
     # row in 16-bit types; 40000 is packed but wider than any resident plan.
+    # Many rows a block wrap the staged kernels' ring of row stages; 32768
+    # and 65536 split a row over a cluster of CTAs.
     [(140, 512), (140, 2048), (140, 4096), (3, 4096), (140, 16384), (3, 16384),
-     (140, 32768), (3, 32768), (140, 40000)],
+     (140, 32768), (3, 32768), (140, 40000), (13000, 512), (2000, 8192), (300, 32768),
+     (200, 65536)],
     ids=lambda v: str(v),
 )
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)

@@ -3,15 +3,25 @@
  * contiguous; weight, dweight are (n); inv_rms is (rows) in Acc (double for
  * f64, float otherwise).
  *
- * Layout of the work: a "row group" of threads owns one row at a time —
- * one warp when the row is short (many rows per block), the whole block
- * when it is long. Each row is read in 16-byte packs when every pointer,
- * stride and n allow it (PACKED), else one element at a time.
+ * Three kernel families, chosen per call (fwd_launch, bwd_launch):
+ * - generic: a "row group" of threads owns one row at a time — one warp
+ *   when the row is short, the whole block when it is long — and reads it
+ *   twice; any stride, alignment or width (16-byte packs where every
+ *   pointer, stride and n allow it, PACKED, else one element at a time);
+ * - resident: packed rows held in registers, one block a row, so x (and
+ *   dy) are read once; the forward's kernel, and the backward's for a short
+ *   batch;
+ * - staged (backward, many rows): rows streamed through shared memory
+ *   several rows ahead with cp.async, a row split over a cluster of CTAs
+ *   when it is wider than one CTA's share of shared memory.
  * The weight gradient is reduced without float atomics, so it is
- * deterministic: each block sums its rows into its own workspace row with
- * a fixed column-to-thread map, then a second kernel adds the block rows in
- * order. */
-#include "common.cuh"
+ * deterministic: each block (cluster) sums its rows into its own workspace
+ * row with a fixed column-to-thread map, then one or two reduction launches
+ * add the rows in a fixed order. */
+#include "row_pipeline.cuh"
+
+#include <mutex>
+#include <vector>
 
 namespace opsmith {
 namespace {
@@ -315,27 +325,137 @@ rms_norm_bwd_resident_kernel(int64_t rows, int64_t n, const T *__restrict__ dy, 
     }
 }
 
-/* dweight[i] = sum over the partial rows, in a fixed order (deterministic).
- * A block covers 32 columns; its 8 thread rows each sum every 8th partial
- * row (coalesced 32-wide reads), then one thread row adds the 8 results. */
-constexpr int kReduceCols = 32, kReduceSlices = 8;
+/* Staged kernel: the backward's path for packed rows when there are many
+ * more rows than SMs. A block (or a cluster of CTAS CTAs, each owning a 1/CTAS
+ * slice of the columns) streams rows through a ring of kStages row stages in
+ * shared memory, filled by cp.async kStages - 1 rows ahead (row_pipeline.cuh):
+ * the next rows' bytes stay in flight while the block waits at its reduction
+ * and writes the current row, and they take no registers. A thread owns the
+ * same packs of every row, so the weight sits in its registers and so do
+ * its weight-gradient sums. */
+constexpr int kStages = 3;
 
-template <typename T, typename A>
-__global__ void rms_norm_dweight_kernel(int64_t parts, int64_t n, const A *__restrict__ partial,
-                                        T *__restrict__ dweight) {
+/* Shifts the row pointers to this CTA's slice and names its rows: cluster
+ * c of the grid takes rows c, c + clusters, ... */
+template <int CTAS> struct Slice {
+    int64_t steps, col0, first, stride;
+    int rank;
+    __device__ Slice(int64_t n, int S) {
+        rank = cluster_rank<CTAS>();
+        steps = n / CTAS / S;
+        col0 = rank * (n / CTAS);
+        first = blockIdx.x / CTAS;
+        stride = gridDim.x / CTAS;
+    }
+};
+
+/* partial is (clusters, n): cluster c's sum of dy * x * inv_rms over its rows. */
+template <typename T, typename A, int ITERS, int CTAS>
+__global__ void __launch_bounds__(kResidentThreads)
+rms_norm_bwd_staged_kernel(int64_t rows, int64_t n, const T *__restrict__ dy, int64_t dys,
+                           const T *__restrict__ x, int64_t xs, const T *__restrict__ w,
+                           const A *__restrict__ inv_rms, T *__restrict__ dx,
+                           A *__restrict__ partial) {
+    constexpr int S = Pack<T>::VEC;
+    extern __shared__ __align__(16) unsigned char dynamic_smem[];
+    const RowRing<T, kStages, 2, ITERS> ring{reinterpret_cast<Pack<T> *>(dynamic_smem)};
+    __shared__ A scratch[32], cluster_slots[2 * CTAS];
+    __shared__ uint64_t cluster_barriers[2];
+    ClusterSum<CTAS, A> cluster{cluster_slots, cluster_barriers};
+    cluster.init();
+    const Slice<CTAS> sl(n, S);
+    x += sl.col0;
+    dy += sl.col0;
+    dx += sl.col0;
+    Pack<T> wp[ITERS];
+    if (w) for_my_packs<ITERS>(sl.steps, [&](int it, int64_t i) { wp[it] = load_pack(w + sl.col0 + i * S); });
+    A dw[ITERS][S];
+#pragma unroll
+    for (int it = 0; it < ITERS; it++)
+#pragma unroll
+        for (int k = 0; k < S; k++) dw[it][k] = 0;
+    auto issue = [&](int64_t r, int stage) {
+        if (r < rows)
+            for_my_packs<ITERS>(sl.steps, [&](int it, int64_t i) {
+                cp_async16(&ring.at(stage, 0, it), x + r * xs + i * S);
+                cp_async16(&ring.at(stage, 1, it), dy + r * dys + i * S);
+            });
+        cp_async_commit();
+    };
+#pragma unroll
+    for (int s = 0; s < kStages - 1; s++) issue(sl.first + s * sl.stride, s);
+    int stage = 0;
+    for (int64_t r = sl.first; r < rows; r += sl.stride) {
+        issue(r + (kStages - 1) * sl.stride, stage == 0 ? kStages - 1 : stage - 1);
+        const A inv = inv_rms[r];
+        cp_async_wait<kStages - 1>();
+        A dot = 0;
+        for_my_packs<ITERS>(sl.steps, [&](int it, int64_t) {
+            const Pack<T> xv = ring.at(stage, 0, it), gv = ring.at(stage, 1, it);
+#pragma unroll
+            for (int k = 0; k < S; k++)
+                dot += to_acc(gv.v[k]) * (w ? to_acc(wp[it].v[k]) : A(1)) * to_acc(xv.v[k]);
+        });
+        dot = cluster.sum(block_sum(dot, scratch));
+        const A scale = inv * inv * inv * dot / (A)n;
+        for_my_packs<ITERS>(sl.steps, [&](int it, int64_t i) {
+            const Pack<T> xv = ring.at(stage, 0, it), gv = ring.at(stage, 1, it);
+            Pack<T> out;
+#pragma unroll
+            for (int k = 0; k < S; k++) {
+                const A g = to_acc(gv.v[k]), xa = to_acc(xv.v[k]);
+                out.v[k] = from_acc<T>(inv * g * (w ? to_acc(wp[it].v[k]) : A(1)) - xa * scale);
+                if (partial) dw[it][k] += g * xa * inv;
+            }
+            store_pack(dx + r * n + i * S, out);
+        });
+        stage = stage + 1 == kStages ? 0 : stage + 1;
+    }
+    cp_async_wait<0>();
+    if (partial) {
+        A *pr = partial + sl.first * n + sl.col0;
+        for_my_packs<ITERS>(sl.steps, [&](int it, int64_t i) {
+#pragma unroll
+            for (int k = 0; k < S; k++) pr[i * S + k] = dw[it][k];
+        });
+    }
+    cluster.finish();
+}
+
+/* out[c] = the sum of partial rows [c * per_chunk, (c + 1) * per_chunk), in
+ * a fixed order (deterministic). A block covers 32 columns of one chunk; its
+ * 8 thread rows each sum every 8th partial row (coalesced 32-wide reads),
+ * then one thread row adds the 8 results. With many partial rows the
+ * backward runs it twice: chunks of kReduceChunk rows into the workspace
+ * tail (many blocks, so many loads in flight), then the chunk sums into
+ * dweight (one chunk). */
+constexpr int kReduceCols = 32, kReduceSlices = 8;
+constexpr int64_t kReduceChunk = 64;
+
+template <typename Out, typename A>
+__global__ void rms_norm_dweight_kernel(int64_t parts, int64_t per_chunk, int64_t n,
+                                        const A *__restrict__ partial, Out *__restrict__ out) {
     __shared__ A tile[kReduceSlices][kReduceCols + 1];
     const int64_t col = (int64_t)blockIdx.x * kReduceCols + threadIdx.x;
+    const int64_t p0 = (int64_t)blockIdx.y * per_chunk;
+    const int64_t p1 = p0 + per_chunk < parts ? p0 + per_chunk : parts;
     A s = 0;
     if (col < n)
-        for (int64_t p = threadIdx.y; p < parts; p += kReduceSlices) s += partial[p * n + col];
+        for (int64_t p = p0 + threadIdx.y; p < p1; p += kReduceSlices) s += partial[p * n + col];
     tile[threadIdx.y][threadIdx.x] = s;
     __syncthreads();
     if (threadIdx.y == 0 && col < n) {
         A total = 0;
 #pragma unroll
         for (int k = 0; k < kReduceSlices; k++) total += tile[k][threadIdx.x];
-        dweight[col] = from_acc<T>(total);
+        out[(int64_t)blockIdx.y * n + col] = from_acc<Out>(total);
     }
+}
+
+/* Rows of chunk sums the two-pass reduction of `parts` partial rows keeps
+ * after the partial rows in the workspace; 0 when one pass does. */
+int64_t reduce_chunks(int64_t parts) {
+    return parts > 4 * kReduceChunk ? (parts + kReduceChunk - 1) / kReduceChunk : 0;
 }
 
 /* Launch shape shared by forward and backward. */
@@ -378,14 +498,101 @@ int64_t bwd_max_groups(int64_t rows, int64_t n) {
     return rows < cap ? rows : cap;
 }
 
-int sm_count(void) {
-    int device = 0, sms = 0;
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || sms < 1) {
+/* What the launch plans ask of the device, asked once per device and
+ * kernel: the runtime queries cost microseconds, the launches they shape
+ * about as much. */
+struct DeviceInfo {
+    int sms, major, optin_smem;
+};
+
+constexpr int kMaxDevices = 64;
+std::mutex plan_cache_mutex;
+
+/* false when the current device cannot be queried (the error is cleared). */
+bool device_info(DeviceInfo *out, int *device_out) {
+    static DeviceInfo cache[kMaxDevices];
+    int device = 0;
+    if (cudaGetDevice(&device) != cudaSuccess || device < 0) {
         cudaGetLastError(); /* leave no error behind for the next launch check */
-        return 132;
+        return false;
     }
-    return sms;
+    *device_out = device;
+    std::lock_guard<std::mutex> lock(plan_cache_mutex);
+    if (device < kMaxDevices && cache[device].sms > 0) {
+        *out = cache[device];
+        return true;
+    }
+    DeviceInfo d{0, 0, 0};
+    if (cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&d.major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&d.optin_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess ||
+        d.sms < 1) {
+        cudaGetLastError();
+        return false;
+    }
+    if (device < kMaxDevices) cache[device] = d;
+    *out = d;
+    return true;
+}
+
+int sm_count(void) {
+    DeviceInfo d;
+    int device;
+    return device_info(&d, &device) ? d.sms : 132;
+}
+
+/* How many blocks (ctas == 1) or clusters of ctas blocks of `kernel`, with
+ * `threads` threads and `smem` bytes of dynamic shared memory, fit on the
+ * current device at once; 0 when none fit or the device refuses. Cached. */
+int64_t blocks_that_fit(const void *kernel, int threads, size_t smem, int ctas) {
+    struct Entry {
+        int device;
+        const void *kernel;
+        int threads, ctas;
+        size_t smem;
+        int64_t fit;
+    };
+    static std::vector<Entry> cache;
+    DeviceInfo d;
+    int device;
+    if (!device_info(&d, &device) || smem > (size_t)d.optin_smem) return 0;
+    std::lock_guard<std::mutex> lock(plan_cache_mutex);
+    for (const Entry &e : cache)
+        if (e.device == device && e.kernel == kernel && e.threads == threads && e.smem == smem && e.ctas == ctas)
+            return e.fit;
+    int64_t fit = 0;
+    /* the limit is set to the most the device allows beside the kernel's
+     * static shared memory, not to smem: it is one value a kernel, and a
+     * launch of the same kernel with more (another n) must not find it
+     * lowered by this one */
+    cudaFuncAttributes fa;
+    if (cudaFuncGetAttributes(&fa, kernel) == cudaSuccess && smem + fa.sharedSizeBytes <= (size_t)d.optin_smem &&
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             d.optin_smem - (int)fa.sharedSizeBytes) == cudaSuccess) {
+        if (ctas == 1) {
+            int per_sm = 0;
+            if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem) == cudaSuccess)
+                fit = (int64_t)per_sm * d.sms;
+        } else {
+            cudaLaunchConfig_t cfg = {};
+            cudaLaunchAttribute attr;
+            attr.id = cudaLaunchAttributeClusterDimension;
+            attr.val.clusterDim.x = ctas;
+            attr.val.clusterDim.y = 1;
+            attr.val.clusterDim.z = 1;
+            cfg.gridDim = dim3(ctas);
+            cfg.blockDim = dim3(threads);
+            cfg.dynamicSmemBytes = smem;
+            cfg.attrs = &attr;
+            cfg.numAttrs = 1;
+            int clusters = 0;
+            if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) == cudaSuccess) fit = clusters;
+        }
+    }
+    cudaGetLastError(); /* a refusal means "take another plan", not an error */
+    if (fit < 0) fit = 0;
+    if (cache.size() < 4096) cache.push_back(Entry{device, kernel, threads, ctas, smem, fit});
+    return fit;
 }
 
 /* The register-resident plan for a packed row of `steps` packs: ITERS packs
@@ -440,40 +647,144 @@ template <typename T, typename A> BwdResidentKernel<T, A> bwd_resident_kernel(in
     }
 }
 
-/* The resident backward's launch: its plan, the shared memory for the
- * weight-gradient sums, and a grid of as many blocks as fit on the device at
- * once (each block then walks rows / grid rows; a second wave of blocks
- * would only add a tail), at most one a row. The grid is the number of
- * partial rows, so it is fixed for a device, rows, n and dtype, and so is
- * the order dweight is summed in. grid == 0: take the generic kernel. */
-struct BwdLaunch {
-    Resident plan;
+template <typename T, typename A> BwdResidentKernel<T, A> bwd_staged_kernel(int iters, int ctas) {
+    switch (ctas) {
+    case 1: return iters == 1 ? rms_norm_bwd_staged_kernel<T, A, 1, 1>
+                 : iters == 2 ? rms_norm_bwd_staged_kernel<T, A, 2, 1>
+                              : rms_norm_bwd_staged_kernel<T, A, 4, 1>;
+    case 2: return rms_norm_bwd_staged_kernel<T, A, 4, 2>;
+    case 4: return rms_norm_bwd_staged_kernel<T, A, 4, 4>;
+    default: return rms_norm_bwd_staged_kernel<T, A, 4, 8>;
+    }
+}
+
+/* A launch of a resident or staged kernel. grid == 0: no such plan (the row
+ * is too wide, or the device refuses it); the caller takes another kernel.
+ * For the backward the grid (in blocks, or clusters x ctas) also fixes the
+ * number of weight-gradient partial rows, grid / ctas, so for a device,
+ * rows, n and dtype the order dweight is summed in is fixed. */
+struct Launch {
+    const void *kernel;
+    int threads, ctas;
     size_t smem;
     int64_t grid;
+    const char *family; /* "resident", "staged"; for tests and notes */
 };
 
-template <typename T, typename A> BwdLaunch bwd_resident_launch(int64_t rows, int64_t n, bool with_dw) {
-    BwdLaunch l{Resident{0, 0}, 0, 0};
+/* The grid of as many blocks (clusters) as fit at once, at most one a row:
+ * each then walks rows / grid rows; a second wave would only add a tail. */
+Launch fit_grid(Launch l, int64_t rows) {
+    const int64_t fit = blocks_that_fit(l.kernel, l.threads, l.smem, l.ctas);
+    l.grid = (rows < fit ? rows : fit) * l.ctas;
+    return l;
+}
+
+/* Staged plan for packed rows of n elements of T, `tensors` streamed a row
+ * (x and dy for the backward). A CTA's slice of a row is at most kSliceBytes a tensor,
+ * so kStages stages of it fit in shared memory with room for a second
+ * block; wider rows are split over a cluster of 2, 4 or 8 CTAs (sm_90). */
+constexpr size_t kSliceBytes = 32 << 10;
+
+constexpr int kStagedMinThreads = 64;
+constexpr int64_t kStagedMinRowsPerBlock = 4;
+
+template <typename T> Launch staged_plan(int64_t n, int tensors, int *iters, int *ctas) {
+    Launch l{nullptr, 0, 0, 0, 0, "staged"};
+    DeviceInfo d;
+    int device;
+    const int64_t vec = Pack<T>::VEC;
+    int c = 1;
+    while ((size_t)n * sizeof(T) > kSliceBytes * c && c < 8) c *= 2;
+    if ((size_t)n * sizeof(T) > kSliceBytes * c || n % (c * vec) != 0 || !device_info(&d, &device) ||
+        (c > 1 && d.major < 9))
+        return l;
+    const Resident plan = resident_plan(n / c / vec, kStagedMinThreads, false, 4);
+    if (!plan.iters || (c > 1 && plan.iters != 4)) return l;
+    *iters = plan.iters;
+    *ctas = c;
+    l.threads = plan.threads;
+    l.ctas = c;
+    l.smem = (size_t)kStages * tensors * plan.iters * plan.threads * sizeof(Pack<T>);
+    return l;
+}
+
+template <typename T, typename A> Launch bwd_staged_launch(int64_t rows, int64_t n) {
+    int iters = 0, ctas = 0;
+    Launch l = staged_plan<T>(n, 2, &iters, &ctas);
+    if (!l.threads) return l;
+    l.kernel = reinterpret_cast<const void *>(bwd_staged_kernel<T, A>(iters, ctas));
+    return fit_grid(l, rows);
+}
+
+/* The resident backward (a short batch): its plan, and the shared memory
+ * for the weight-gradient sums. */
+template <typename T, typename A> Launch bwd_resident_launch(int64_t rows, int64_t n, bool with_dw) {
+    Launch l{nullptr, 0, 1, 0, 0, "resident"};
     const int64_t vec = Pack<T>::VEC;
     if (n % vec != 0) return l;
-    const int sms = sm_count();
-    l.plan = resident_plan(n / vec, kBwdMinThreads, rows <= sms, kResidentIters);
-    if (!l.plan.iters) return l;
+    const Resident plan = resident_plan(n / vec, kBwdMinThreads, rows <= sm_count(), kResidentIters);
+    if (!plan.iters) return l;
+    l.kernel = reinterpret_cast<const void *>(bwd_resident_kernel<T, A>(plan.iters));
+    l.threads = plan.threads;
     l.smem = with_dw ? (size_t)n * sizeof(A) : 0;
-    int device = 0, optin = 0, per_sm = 0;
-    const BwdResidentKernel<T, A> k = bwd_resident_kernel<T, A>(l.plan.iters);
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess ||
-        l.smem > (size_t)optin ||
-        cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)l.smem) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, l.plan.threads, l.smem) != cudaSuccess ||
-        per_sm < 1) {
-        cudaGetLastError(); /* the generic kernel is taken; leave no error behind */
-        return BwdLaunch{Resident{0, 0}, 0, 0};
+    return fit_grid(l, rows);
+}
+
+/* Backward plan for packed rows: a short batch (no more rows than SMs) takes
+ * the resident kernel, one memory round trip a row; many rows the staged
+ * kernel, then the resident one; grid == 0: the generic kernel. */
+template <typename T, typename A> Launch bwd_launch(int64_t rows, int64_t n, bool with_dw) {
+    const int sms = sm_count();
+    if (rows > sms) {
+        Launch l = bwd_staged_launch<T, A>(rows, n);
+        /* at least kStagedMinRowsPerBlock rows a block (or cluster) while the
+         * grid still covers every SM: each block writes a weight-gradient
+         * partial row of n floats, which at one or two rows a block costs
+         * more traffic than the rows themselves (1024 x 4096 bf16: 28.4 ->
+         * 26.1 us; large shapes unchanged) */
+        int64_t cap = (rows + kStagedMinRowsPerBlock - 1) / kStagedMinRowsPerBlock;
+        if (cap < sms) cap = sms;
+        if (l.grid && l.grid / l.ctas > cap) l.grid = cap * l.ctas;
+        /* just over one row an SM, the ring has nothing to overlap and the
+         * resident kernel is faster (140 x 4096: 17.3 against 19.2 us) */
+        if (l.grid && (l.ctas > 1 || rows >= 2 * (int64_t)sms)) return l;
     }
-    const int64_t g = (int64_t)sms * per_sm;
-    l.grid = rows < g ? rows : g;
-    return l;
+    return bwd_resident_launch<T, A>(rows, n, with_dw);
+}
+
+/* Launches l.kernel, whose type is K, with args; as a cluster when l.ctas > 1. */
+template <typename K, typename... Args> void launch(const Launch &l, cudaStream_t stream, Args... args) {
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = l.ctas;
+    attr.val.clusterDim.y = 1;
+    attr.val.clusterDim.z = 1;
+    cfg.gridDim = dim3((unsigned)l.grid);
+    cfg.blockDim = dim3(l.threads);
+    cfg.dynamicSmemBytes = l.smem;
+    cfg.stream = stream;
+    cfg.attrs = &attr;
+    cfg.numAttrs = l.ctas > 1 ? 1 : 0;
+    cudaLaunchKernelEx(&cfg, reinterpret_cast<K>(const_cast<void *>(l.kernel)), args...);
+}
+
+/* Forward plans for packed rows, chosen at run time: a short batch takes the
+ * resident kernel's latency plan; many rows the resident throughput plan up
+ * to 4 packs a thread (512 x 4 packs); grid == 0: the generic kernel, which
+ * for many wider rows beat a staged forward split over a cluster (2048 x
+ * 32768 bf16: 0.89 against 0.76 of copy; bench/NOTES.md v4). */
+template <typename T, typename A> Launch fwd_launch(int64_t rows, int64_t n) {
+    const int64_t vec = Pack<T>::VEC;
+    if (n % vec != 0) return Launch{nullptr, 0, 0, 0, 0, "generic"};
+    const bool latency = rows <= sm_count();
+    const Resident res = resident_plan(n / vec, kFwdMinThreads, latency, latency ? kResidentIters : 4);
+    if (res.iters) {
+        const int64_t grid = rows < kMaxGrid ? rows : kMaxGrid;
+        return Launch{reinterpret_cast<const void *>(fwd_resident_kernel<T, A>(res.iters)), res.threads, 1, 0,
+                      grid, "resident"};
+    }
+    return Launch{nullptr, 0, 0, 0, 0, "generic"};
 }
 
 template <opsmith_dtype D>
@@ -487,18 +798,9 @@ opsmith_status fwd(int64_t rows, int64_t n, const void *x, int64_t xs, const voi
     const T *xp = static_cast<const T *>(x), *wp = static_cast<const T *>(w);
     T *yp = static_cast<T *>(y);
     A *ip = static_cast<A *>(inv_rms);
-    /* a forward over many wide rows reads them twice through L1/L2 in the
-     * generic kernel instead of holding them: 8 packs a thread would leave
-     * one 512-thread block an SM (measured 0.71 of copy at 2048 x 32768 bf16
-     * against the generic kernel's 0.78) */
-    const bool latency = rows <= sm_count();
-    const Resident res = packed ? resident_plan(n / vec, kFwdMinThreads, latency,
-                                                latency ? kResidentIters : 4)
-                                : Resident{0, 0};
-    if (res.iters) {
-        const unsigned grid = (unsigned)(rows < kMaxGrid ? rows : kMaxGrid);
-        fwd_resident_kernel<T, A>(res.iters)<<<grid, res.threads, 0, stream>>>(rows, n, xp, xs, wp,
-                                                                                (A)eps, yp, ip);
+    const Launch l = packed ? fwd_launch<T, A>(rows, n) : Launch{nullptr, 0, 0, 0, 0, "generic"};
+    if (l.grid) {
+        launch<FwdResidentKernel<T, A>>(l, stream, rows, n, xp, xs, wp, (A)eps, yp, ip);
         return launch_status();
     }
     const Shape s = choose_shape(rows, n, packed ? vec : 1, kMaxGrid);
@@ -525,12 +827,10 @@ opsmith_status bwd(int64_t rows, int64_t n, const void *dy, int64_t dys, const v
     T *dxp = static_cast<T *>(dx);
     A *partial = dw ? static_cast<A *>(workspace) : nullptr;
     int64_t parts;
-    const BwdLaunch res = packed ? bwd_resident_launch<T, A>(rows, n, dw != nullptr)
-                                 : BwdLaunch{Resident{0, 0}, 0, 0};
-    if (res.grid) {
-        parts = res.grid;
-        bwd_resident_kernel<T, A>(res.plan.iters)<<<(unsigned)parts, res.plan.threads, res.smem, stream>>>(
-            rows, n, dyp, dys, xp, xs, wp, ip, dxp, partial);
+    const Launch l = packed ? bwd_launch<T, A>(rows, n, dw != nullptr) : Launch{nullptr, 0, 0, 0, 0, "generic"};
+    if (l.grid) {
+        parts = l.grid / l.ctas;
+        launch<BwdResidentKernel<T, A>>(l, stream, rows, n, dyp, dys, xp, xs, wp, ip, dxp, partial);
     } else {
     const Shape s = choose_shape(rows, n, packed ? vec : 1, bwd_max_groups(rows, n));
     parts = s.groups;
@@ -542,22 +842,31 @@ opsmith_status bwd(int64_t rows, int64_t n, const void *dy, int64_t dys, const v
     }
     opsmith_status st = launch_status();
     if (st != OPSMITH_STATUS_SUCCESS || !dw) return st;
-    const int64_t grid = (n + kReduceCols - 1) / kReduceCols;
-    rms_norm_dweight_kernel<T, A><<<(unsigned)grid, dim3(kReduceCols, kReduceSlices), 0, stream>>>(
-        parts, n, partial, static_cast<T *>(dw));
+    const unsigned cols = (unsigned)((n + kReduceCols - 1) / kReduceCols);
+    const dim3 block(kReduceCols, kReduceSlices);
+    const int64_t chunks = reduce_chunks(parts);
+    if (chunks) {
+        A *sums = partial + parts * n;
+        rms_norm_dweight_kernel<A, A><<<dim3(cols, (unsigned)chunks), block, 0, stream>>>(parts, kReduceChunk, n,
+                                                                                        partial, sums);
+        rms_norm_dweight_kernel<T, A><<<cols, block, 0, stream>>>(chunks, chunks, n, sums, static_cast<T *>(dw));
+    } else {
+        rms_norm_dweight_kernel<T, A><<<cols, block, 0, stream>>>(parts, parts, n, partial, static_cast<T *>(dw));
+    }
     return launch_status();
 }
 
-/* Partial rows the backward may write for dweight: the larger of the
- * generic kernel's (packed or element path) and the resident kernel's. */
-template <opsmith_dtype D> int64_t bwd_partial_rows(int64_t rows, int64_t n) {
+/* Workspace rows the backward may use for dweight: partial rows (the most
+ * any of its kernels writes) and the two-pass reduction's chunk sums. */
+template <opsmith_dtype D> int64_t bwd_workspace_rows(int64_t rows, int64_t n) {
     using T = typename Storage<D>::T;
     using A = typename Storage<D>::Acc;
     const Shape a = choose_shape(rows, n, Pack<T>::VEC, bwd_max_groups(rows, n));
     const Shape b = choose_shape(rows, n, 1, bwd_max_groups(rows, n));
-    int64_t groups = a.groups > b.groups ? a.groups : b.groups;
-    const int64_t g = bwd_resident_launch<T, A>(rows, n, true).grid;
-    return g > groups ? g : groups;
+    int64_t parts = a.groups > b.groups ? a.groups : b.groups;
+    const Launch l = bwd_launch<T, A>(rows, n, true);
+    if (l.grid && l.grid / l.ctas > parts) parts = l.grid / l.ctas;
+    return parts + reduce_chunks(parts);
 }
 
 } // namespace
@@ -583,15 +892,41 @@ extern "C" opsmith_status opsmith_rms_norm_fwd_cuda(opsmith_dtype dtype, int64_t
     }
 }
 
+/* Which kernel family a contiguous, 16-byte aligned call of this shape
+ * takes on the current device: "resident", "staged" (with the CTAs a row
+ * in ctas), or "generic". Tests use it to keep each plan reachable. */
+extern "C" const char *opsmith_internal_rms_norm_cuda_plan(opsmith_dtype dtype, int64_t rows, int64_t n,
+                                                           int backward, int *ctas) {
+    Launch l{nullptr, 0, 0, 0, 0, "generic"};
+    switch (dtype) {
+#define OPSMITH_PLAN(D)                                                                        \
+    case D: {                                                                                  \
+        using T = Storage<D>::T;                                                               \
+        using A = Storage<D>::Acc;                                                             \
+        l = backward ? bwd_launch<T, A>(rows, n, true) : fwd_launch<T, A>(rows, n);            \
+        break;                                                                                 \
+    }
+    OPSMITH_PLAN(OPSMITH_DTYPE_F64)
+    OPSMITH_PLAN(OPSMITH_DTYPE_F32)
+    OPSMITH_PLAN(OPSMITH_DTYPE_F16)
+    OPSMITH_PLAN(OPSMITH_DTYPE_BF16)
+#undef OPSMITH_PLAN
+    default: break;
+    }
+    if (!l.grid) l.family = "generic", l.ctas = 0;
+    if (ctas) *ctas = l.ctas;
+    return l.family;
+}
+
 extern "C" size_t opsmith_rms_norm_bwd_cuda_workspace_size(opsmith_dtype dtype, int64_t rows, int64_t n,
                                                            int with_dweight) {
     if (!with_dweight || rows <= 0 || n <= 0 || (unsigned)dtype >= OPSMITH_DTYPE_COUNT) return 0;
     int64_t groups;
     switch (dtype) {
-    case OPSMITH_DTYPE_F64: groups = bwd_partial_rows<OPSMITH_DTYPE_F64>(rows, n); break;
-    case OPSMITH_DTYPE_F32: groups = bwd_partial_rows<OPSMITH_DTYPE_F32>(rows, n); break;
-    case OPSMITH_DTYPE_F16: groups = bwd_partial_rows<OPSMITH_DTYPE_F16>(rows, n); break;
-    default: groups = bwd_partial_rows<OPSMITH_DTYPE_BF16>(rows, n); break;
+    case OPSMITH_DTYPE_F64: groups = bwd_workspace_rows<OPSMITH_DTYPE_F64>(rows, n); break;
+    case OPSMITH_DTYPE_F32: groups = bwd_workspace_rows<OPSMITH_DTYPE_F32>(rows, n); break;
+    case OPSMITH_DTYPE_F16: groups = bwd_workspace_rows<OPSMITH_DTYPE_F16>(rows, n); break;
+    default: groups = bwd_workspace_rows<OPSMITH_DTYPE_BF16>(rows, n); break;
     }
     return (size_t)(groups * n) * opsmith_dtype_size(opsmith_dtype_accumulate(dtype));
 }

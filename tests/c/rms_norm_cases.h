@@ -109,5 +109,6 @@ int cuda_begin(void);
 void cuda_end(int cuda);
 void run_cuda(const rms_case *c, const rms_data *d);
 void test_bad_args_cuda(opsmith_dtype dt);
+void test_cuda_plans(void);
 
 #endif /* OPSMITH_TEST_RMS_NORM_CASES_H */

@@ -393,6 +393,14 @@ static int build_cases(opsmith_dtype dt, rms_case *out)
         {dt, 140, 32768, 1, 1, 0, 0, 0, 0, 1e-6},
         {dt, 3, 32768, 0, 0, 0, 0, 0, 0, 1e-6},
         {dt, 140, 40000, 1, 1, 0, 0, 0, 0, 1e-6},
+        /* the staged plans with several rows a block (or cluster), so the
+         * ring of row stages wraps: padded rows at one pack a thread; 8192
+         * (a cluster of 2 in f64); 32768 and 65536 split over clusters of
+         * 2-8 CTAs (f64 65536 takes the generic kernel) */
+        {dt, 13000, 512, 1, 1, 8, 16, 0, 0, 1e-6},
+        {dt, 2000, 8192, 1, 1, 0, 0, 0, 0, 1e-6},
+        {dt, 300, 32768, 0, 0, 0, 0, 0, 0, 1e-6},
+        {dt, 200, 65536, 1, 1, 0, 0, 0, 0, 1e-6},
     };
     for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++)
         out[k++] = extra[i];
@@ -423,5 +431,9 @@ void test_rms_norm(void)
         else if (cuda == 0)
             harness_skip(1);
     }
+    if (cuda > 0)
+        test_cuda_plans();
+    else if (cuda == 0)
+        harness_skip(1);
     cuda_end(cuda);
 }

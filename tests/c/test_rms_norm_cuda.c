@@ -8,6 +8,8 @@
 #if TEST_CUDA
 #include <cuda_runtime_api.h>
 
+#include "internal.h"
+
 /* Records a failure only, so successful API calls do not inflate the count. */
 static int cuda_ok(cudaError_t e, const char *expr, const char *where)
 {
@@ -161,6 +163,52 @@ void test_bad_args_cuda(opsmith_dtype dt)
         CUDA_OK(cudaFree(ws), where);
 }
 
+/* Each launch plan stays reachable: a plan the device refuses (too much
+ * shared memory, a cluster it cannot place) falls back to a slower kernel
+ * with the same results, which only this check would notice. */
+void test_cuda_plans(void)
+{
+    int device = 0, major = 0;
+    if (!CUDA_OK(cudaGetDevice(&device), "plans") ||
+        !CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "plans"))
+        return;
+    const int clusters = major >= 9; /* thread-block clusters: sm_90 and newer */
+    static const struct {
+        opsmith_dtype dt;
+        int64_t rows, n;
+        int backward;
+        const char *family; /* expected; "staged" with ctas > 1 needs clusters */
+        int ctas;
+    } plans[] = {
+        {OPSMITH_DTYPE_BF16, 3, 4096, 0, "resident", 1},
+        {OPSMITH_DTYPE_BF16, 3, 4096, 1, "resident", 1},
+        {OPSMITH_DTYPE_BF16, 2000, 4096, 0, "resident", 1},
+        {OPSMITH_DTYPE_BF16, 13000, 512, 1, "staged", 1},
+        {OPSMITH_DTYPE_BF16, 2000, 8192, 1, "staged", 1},
+        {OPSMITH_DTYPE_F32, 2000, 8192, 1, "staged", 1},
+        {OPSMITH_DTYPE_F64, 2000, 8192, 1, "staged", 2},
+        {OPSMITH_DTYPE_BF16, 300, 32768, 0, "generic", 0},
+        {OPSMITH_DTYPE_BF16, 300, 32768, 1, "staged", 2},
+        {OPSMITH_DTYPE_BF16, 140, 4096, 1, "resident", 1},
+        {OPSMITH_DTYPE_BF16, 200, 65536, 1, "staged", 4},
+        {OPSMITH_DTYPE_F32, 200, 65536, 1, "staged", 8},
+        {OPSMITH_DTYPE_F64, 200, 65536, 1, "generic", 0},
+    };
+    for (size_t i = 0; i < sizeof plans / sizeof plans[0]; i++) {
+        int ctas = -1;
+        const char *family = opsmith_internal_rms_norm_cuda_plan(plans[i].dt, plans[i].rows, plans[i].n,
+                                                                 plans[i].backward, &ctas);
+        const char *want = plans[i].family;
+        int want_ctas = plans[i].ctas;
+        if (want_ctas > 1 && !clusters)
+            want = "generic", want_ctas = 0;
+        CHECK(strcmp(family, want) == 0 && ctas == want_ctas,
+              "cuda plan %s %lld x %lld %s: got %s (ctas %d), want %s (ctas %d)",
+              opsmith_dtype_name(plans[i].dt), (long long)plans[i].rows, (long long)plans[i].n,
+              plans[i].backward ? "bwd" : "fwd", family, ctas, want, want_ctas);
+    }
+}
+
 #else /* !TEST_CUDA */
 
 int cuda_begin(void)
@@ -187,5 +235,6 @@ int cuda_begin(void)
 void cuda_end(int cuda) { (void)cuda; }
 void run_cuda(const rms_case *c, const rms_data *d) { (void)c, (void)d; }
 void test_bad_args_cuda(opsmith_dtype dt) { (void)dt; }
+void test_cuda_plans(void) {}
 
 #endif

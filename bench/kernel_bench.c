@@ -1,0 +1,234 @@
+/* Times the CUDA launchers directly, without PyTorch: the loop for kernel
+ * work (`make kernel-bench`, then build/kernel_bench on a GPU machine).
+ *
+ *   build/kernel_bench [bf16|f16|f32|f64] ROWSxN ...
+ *
+ * For each shape: forward and backward (with the weight gradient) times,
+ * each the median of 7 batches timed by CUDA events, inputs rotated over
+ * enough copies to span 256 MB so the L2 cache cannot serve them; GB/s over
+ * the bytes each must move (forward: x, w in, y out; backward: dy, x, w in,
+ * dx, dweight out) and that as a fraction of a 1 GiB device-to-device copy
+ * timed the same way. */
+#include <cuda_runtime_api.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "opsmith.h"
+
+#define CUDA_TRY(call)                                                                              \
+    do {                                                                                            \
+        cudaError_t e_ = (call);                                                                    \
+        if (e_ != cudaSuccess) {                                                                    \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+            return 1;                                                                               \
+        }                                                                                           \
+    } while (0)
+
+enum { BATCHES = 7, MAX_SETS = 16 };
+static const size_t kRotateBytes = (size_t)256 << 20;
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+typedef int (*step_fn)(void *ctx, int call);
+
+/* Median over BATCHES of the per-call time (ms) of `calls` back-to-back calls. */
+static int time_ms(step_fn step, void *ctx, int calls, double *ms)
+{
+    cudaEvent_t a, b;
+    double t[BATCHES];
+    CUDA_TRY(cudaEventCreate(&a));
+    CUDA_TRY(cudaEventCreate(&b));
+    for (int i = 0; i < calls; i++) /* warm-up */
+        if (step(ctx, i))
+            return 1;
+    for (int k = 0; k < BATCHES; k++) {
+        CUDA_TRY(cudaEventRecord(a, 0));
+        for (int i = 0; i < calls; i++)
+            if (step(ctx, i))
+                return 1;
+        CUDA_TRY(cudaEventRecord(b, 0));
+        CUDA_TRY(cudaEventSynchronize(b));
+        float f;
+        CUDA_TRY(cudaEventElapsedTime(&f, a, b));
+        t[k] = f / calls;
+    }
+    qsort(t, BATCHES, sizeof t[0], cmp_double);
+    *ms = t[BATCHES / 2];
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    return 0;
+}
+
+struct copy_ctx {
+    void *a, *b;
+    size_t bytes;
+};
+
+static int copy_step(void *p, int call)
+{
+    (void)call;
+    struct copy_ctx *c = p;
+    return cudaMemcpyAsync(c->b, c->a, c->bytes, cudaMemcpyDeviceToDevice, 0) != cudaSuccess;
+}
+
+struct rms_ctx {
+    opsmith_dtype dt;
+    int64_t rows, n;
+    int sets;
+    void *x[MAX_SETS], *dy[MAX_SETS];
+    void *w, *y, *inv, *dx, *dw, *ws;
+    size_t ws_bytes;
+};
+
+static int fwd_step(void *p, int call)
+{
+    struct rms_ctx *c = p;
+    int s = call % c->sets;
+    opsmith_status st = opsmith_rms_norm_fwd_cuda(c->dt, c->rows, c->n, c->x[s], c->n, c->w, 1e-6, c->y,
+                                                  c->inv, 0);
+    if (st != OPSMITH_STATUS_SUCCESS)
+        fprintf(stderr, "forward: %s %s\n", opsmith_status_string(st), opsmith_last_cuda_error());
+    return st != OPSMITH_STATUS_SUCCESS;
+}
+
+static int bwd_step(void *p, int call)
+{
+    struct rms_ctx *c = p;
+    int s = call % c->sets;
+    opsmith_status st = opsmith_rms_norm_bwd_cuda(c->dt, c->rows, c->n, c->dy[s], c->n, c->x[s], c->n, c->w,
+                                                  c->inv, c->dx, c->dw, c->ws, c->ws_bytes, 0);
+    if (st != OPSMITH_STATUS_SUCCESS)
+        fprintf(stderr, "backward: %s %s\n", opsmith_status_string(st), opsmith_last_cuda_error());
+    return st != OPSMITH_STATUS_SUCCESS;
+}
+
+/* Random values in [-2, 2): a host block of `block` elements, copied over
+ * the whole device tensor (timing does not depend on the values repeating). */
+static int fill(void *dev, size_t bytes, const unsigned char *block, size_t block_bytes)
+{
+    for (size_t off = 0; off < bytes; off += block_bytes) {
+        size_t k = bytes - off < block_bytes ? bytes - off : block_bytes;
+        CUDA_TRY(cudaMemcpy((unsigned char *)dev + off, block, k, cudaMemcpyHostToDevice));
+    }
+    return 0;
+}
+
+static int bench_shape(opsmith_dtype dt, int64_t rows, int64_t n, double copy_gbs, const unsigned char *block,
+                       size_t block_bytes)
+{
+    struct rms_ctx c;
+    memset(&c, 0, sizeof c);
+    c.dt = dt;
+    c.rows = rows;
+    c.n = n;
+    size_t es = opsmith_dtype_size(dt), as = opsmith_dtype_size(opsmith_dtype_accumulate(dt));
+    size_t tensor = (size_t)rows * n * es;
+    c.sets = (int)((kRotateBytes + 2 * tensor - 1) / (2 * tensor));
+    if (c.sets < 1)
+        c.sets = 1;
+    if (c.sets > MAX_SETS)
+        c.sets = MAX_SETS;
+    for (int s = 0; s < c.sets; s++) {
+        CUDA_TRY(cudaMalloc(&c.x[s], tensor));
+        CUDA_TRY(cudaMalloc(&c.dy[s], tensor));
+        if (fill(c.x[s], tensor, block, block_bytes) || fill(c.dy[s], tensor, block + es, block_bytes - es))
+            return 1;
+    }
+    c.ws_bytes = opsmith_rms_norm_bwd_cuda_workspace_size(dt, rows, n, 1);
+    CUDA_TRY(cudaMalloc(&c.w, n * es));
+    CUDA_TRY(cudaMalloc(&c.y, tensor));
+    CUDA_TRY(cudaMalloc(&c.dx, tensor));
+    CUDA_TRY(cudaMalloc(&c.dw, n * es));
+    CUDA_TRY(cudaMalloc(&c.inv, rows * as));
+    CUDA_TRY(cudaMalloc(&c.ws, c.ws_bytes ? c.ws_bytes : 16));
+    if (fill(c.w, n * es, block, block_bytes))
+        return 1;
+    /* enough calls a batch that a batch lasts about 2 ms */
+    double probe;
+    if (time_ms(fwd_step, &c, 3, &probe))
+        return 1;
+    int calls = (int)(2.0 / (probe + 1e-4));
+    if (calls < 3)
+        calls = 3;
+    if (calls > 2000)
+        calls = 2000;
+    double f_ms, b_ms;
+    if (time_ms(fwd_step, &c, calls, &f_ms) || time_ms(bwd_step, &c, calls, &b_ms))
+        return 1;
+    double fb = (double)(2 * rows * n + n) * es, bb = (double)(3 * rows * n + 2 * n) * es;
+    double f_gbs = fb / (f_ms * 1e6), b_gbs = bb / (b_ms * 1e6), fb_gbs = (fb + bb) / ((f_ms + b_ms) * 1e6);
+    printf("%-5s %8lld x %-6lld  fwd %9.2f us %7.0f GB/s %.3f | bwd %9.2f us %7.0f GB/s %.3f | fwd+bwd %.3f\n",
+           opsmith_dtype_name(dt), (long long)rows, (long long)n, f_ms * 1e3, f_gbs, f_gbs / copy_gbs,
+           b_ms * 1e3, b_gbs, b_gbs / copy_gbs, fb_gbs / copy_gbs);
+    fflush(stdout);
+    for (int s = 0; s < c.sets; s++) {
+        cudaFree(c.x[s]);
+        cudaFree(c.dy[s]);
+    }
+    cudaFree(c.w);
+    cudaFree(c.y);
+    cudaFree(c.dx);
+    cudaFree(c.dw);
+    cudaFree(c.inv);
+    cudaFree(c.ws);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    opsmith_dtype dt = OPSMITH_DTYPE_BF16;
+    int first = 1;
+    if (argc > 1 && strchr(argv[1], 'x') == NULL) {
+        const char *names[] = {"f64", "f32", "f16", "bf16"};
+        const opsmith_dtype types[] = {OPSMITH_DTYPE_F64, OPSMITH_DTYPE_F32, OPSMITH_DTYPE_F16, OPSMITH_DTYPE_BF16};
+        int found = 0;
+        for (int i = 0; i < 4; i++)
+            if (strcmp(argv[1], names[i]) == 0)
+                dt = types[i], found = 1;
+        if (!found) {
+            fprintf(stderr, "kernel_bench: unknown dtype '%s' (bf16, f16, f32, f64)\n", argv[1]);
+            return 2;
+        }
+        first = 2;
+    }
+    if (first >= argc) {
+        fprintf(stderr, "usage: kernel_bench [bf16|f16|f32|f64] ROWSxN ...\n");
+        return 2;
+    }
+    struct copy_ctx cp = {NULL, NULL, (size_t)1 << 30};
+    CUDA_TRY(cudaMalloc(&cp.a, cp.bytes));
+    CUDA_TRY(cudaMalloc(&cp.b, cp.bytes));
+    CUDA_TRY(cudaMemset(cp.a, 1, cp.bytes));
+    double copy_ms;
+    if (time_ms(copy_step, &cp, 5, &copy_ms))
+        return 1;
+    double copy_gbs = 2.0 * cp.bytes / (copy_ms * 1e6);
+    cudaFree(cp.a);
+    cudaFree(cp.b);
+    printf("copy %.0f GB/s (1 GiB device to device, read + write)\n", copy_gbs);
+
+    size_t es = opsmith_dtype_size(dt), block_elems = (size_t)1 << 22;
+    unsigned char *block = malloc(block_elems * es);
+    if (!block)
+        return 1;
+    srand(1234);
+    for (size_t i = 0; i < block_elems; i++)
+        opsmith_store_from_double(dt, block, (int64_t)i, 4.0 * rand() / ((double)RAND_MAX + 1) - 2.0);
+    int rc = 0;
+    for (int a = first; a < argc && rc == 0; a++) {
+        long long rows, n;
+        if (sscanf(argv[a], "%lldx%lld", &rows, &n) != 2 || rows < 1 || n < 1) {
+            fprintf(stderr, "kernel_bench: bad shape '%s' (want ROWSxN)\n", argv[a]);
+            rc = 2;
+            break;
+        }
+        rc = bench_shape(dt, rows, n, copy_gbs, block, block_elems * es);
+    }
+    free(block);
+    return rc;
+}
