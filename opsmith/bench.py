@@ -295,6 +295,7 @@ def run(ops: List[str], quick: bool, out_dir: str, providers: Optional[List[str]
 
 
 CONDENSED_SMALL_ROWS = 16
+OURS = "opsmith"  # the provider the tables compare with the fastest other one
 
 
 def summary_table(results, condensed: bool = False) -> str:
@@ -311,6 +312,7 @@ def summary_table(results, condensed: bool = False) -> str:
             largest[op, direction, dtype, hidden] = max(largest.get((op, direction, dtype, hidden), 0), n_rows)
         keys = [k for k in keys if k[3] in (largest[k[0], k[1], k[2], k[4]], CONDENSED_SMALL_ROWS)]
     by = {(r["op"], r["direction"], r["dtype"], r["rows"], r["hidden"], r["provider"]): r for r in rows}
+    compare = int(OURS in providers and len(providers) > 1)
     m = results["meta"]
     # results from before every forward+backward step was graph-timed say so
     fwdbwd = [r for r in rows if r["direction"] == "fwd+bwd" and r["ms"] == r["ms"]]
@@ -320,8 +322,9 @@ def summary_table(results, condensed: bool = False) -> str:
            f"{m['copy_bandwidth_gbs']} GB/s. Cells: median ms (fraction of copy bandwidth); * = fastest; "
            f"{graphed} timed by CUDA-graph replay."
            + (f" Stopped early: {m['stopped_early']}." if m.get("stopped_early") else ""), "",
-           "| op | dir | dtype | rows x hidden | " + " | ".join(providers) + " |",
-           "|---|---|---|---|" + "---|" * len(providers)]
+           "| op | dir | dtype | rows x hidden | " + " | ".join(providers)
+           + (f" | {OURS} / best other" if compare else "") + " |",
+           "|---|---|---|---|" + "---|" * (len(providers) + compare)]
     for k in keys:
         cells = [by.get(k + (p,)) for p in providers]
         times = [c["ms"] for c in cells if c and c["ms"] == c["ms"]]
@@ -332,6 +335,13 @@ def summary_table(results, condensed: bool = False) -> str:
                 txt.append("n/a")
             else:
                 txt.append(f"{c['ms']:.4f} ({c['fraction_of_copy']:.2f}){'*' if c['ms'] == best else ''}")
+        if compare:
+            # time over the fastest other provider's: above 1.00x a row misses
+            # "at least as fast as the best" (decode rows: within 1.2x)
+            ours = by.get(k + (OURS,))
+            others = [c["ms"] for p, c in zip(providers, cells) if p != OURS and c and c["ms"] == c["ms"]]
+            ok = ours and ours["ms"] == ours["ms"] and others
+            txt.append(f"{ours['ms'] / min(others):.2f}x" if ok else "n/a")
         out.append(f"| {k[0]} | {k[1]} | {k[2]} | {k[3]}x{k[4]} | " + " | ".join(txt) + " |")
     if "host_overhead_us" in m:
         out += ["", "Host time per call on a 4x256 bf16 tensor (us):", "",
@@ -377,10 +387,14 @@ README_END = "<!-- end of bench table -->"
 
 
 def write_readme_table(results_dir: str, readme: str = "README.md") -> None:
-    """Replace the README's benchmark section with the table generated from
-    results_dir/results.json (never typed by hand)."""
+    """Regenerate results_dir/table.md and replace the README's benchmark
+    section with the condensed table, both from results_dir/results.json
+    (never typed by hand)."""
     with open(os.path.join(results_dir, "results.json")) as f:
-        table = summary_table(json.load(f), condensed=True)
+        results = json.load(f)
+    with open(os.path.join(results_dir, "table.md"), "w") as f:
+        f.write(summary_table(results) + "\n")
+    table = summary_table(results, condensed=True)
     with open(readme) as f:
         text = f.read()
     start, end = text.index(README_BEGIN), text.index(README_END)
@@ -400,7 +414,7 @@ def main(argv=None) -> int:
     parser.add_argument("--budget", type=float, default=None, metavar="SECONDS",
                         help="stop starting measurements after this long; the results say so")
     parser.add_argument("--out", default=os.path.join("bench", "results", "latest"))
-    parser.add_argument("--readme", metavar="DIR", help="only regenerate README.md's table from DIR")
+    parser.add_argument("--readme", metavar="DIR", help="only regenerate DIR/table.md and README.md's table from DIR/results.json")
     args = parser.parse_args(argv)
     if args.readme:
         write_readme_table(args.readme)

@@ -38,7 +38,21 @@ def test_table_marks_the_fastest_and_a_missing_provider():
     table = bench.summary_table(_results(rows))
     line = next(l for l in table.splitlines() if "8x512" in l)
     cells = [c.strip() for c in line.strip("|").split("|")]
-    assert cells[4:] == ["2.0000 (0.25)", "1.0000 (0.50)*", "n/a"]
+    assert cells[4:] == ["2.0000 (0.25)", "1.0000 (0.50)*", "n/a", "2.00x"]
+
+
+def test_table_compares_opsmith_with_the_fastest_other_provider():
+    rows = [_row("fwd", "bfloat16", 8, 512, "opsmith", 1.5),
+            _row("fwd", "bfloat16", 8, 512, "torch_F", 2.0),
+            _row("fwd", "bfloat16", 8, 512, "liger", 3.0),
+            _row("fwd", "bfloat16", 16, 512, "torch_F", 2.0)]  # opsmith missing here
+    table = bench.summary_table(_results(rows))
+    assert "| opsmith / best other |" in table
+    ratio = {l.split("|")[4].strip(): l.strip().strip("|").split("|")[-1].strip()
+             for l in table.splitlines() if l.startswith("| rms_norm")}
+    assert ratio == {"8x512": "0.75x", "16x512": "n/a"}
+    alone = bench.summary_table(_results([_row("fwd", "bfloat16", 8, 512, "opsmith", 1.0)]))
+    assert "best other" not in alone
 
 
 def test_condensed_table_keeps_largest_and_decode_rows():
@@ -68,3 +82,4 @@ def test_readme_section_is_replaced_between_markers(tmp_path):
     text = readme.read_text()
     assert "old table" not in text and "65536x512" in text
     assert text.startswith("before\n") and text.endswith(f"{bench.README_END}\nafter\n")
+    assert "65536x512" in (results_dir / "table.md").read_text()  # full table regenerated too
