@@ -704,7 +704,7 @@ template <typename T> Launch staged_plan(int64_t n, int tensors, int *iters, int
     *ctas = c;
     l.threads = plan.threads;
     l.ctas = c;
-    l.smem = (size_t)kStages * tensors * plan.iters * plan.threads * sizeof(Pack<T>);
+    l.smem = (size_t)kStages * tensors * plan.iters * plan.threads * sizeof(Pack<T>); /* the RowRing */
     return l;
 }
 

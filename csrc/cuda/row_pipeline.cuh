@@ -50,7 +50,6 @@ template <typename T, int STAGES, int TENSORS, int ITERS> struct RowRing {
     __device__ Pack<T> &at(int stage, int tensor, int it) const {
         return base[((stage * TENSORS + tensor) * ITERS + it) * (int)blockDim.x + threadIdx.x];
     }
-    static size_t bytes(int threads) { return (size_t)STAGES * TENSORS * ITERS * threads * sizeof(Pack<T>); }
 };
 
 /* This CTA's rank in its cluster (0 without clusters). */
