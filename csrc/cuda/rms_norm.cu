@@ -564,32 +564,40 @@ int64_t blocks_that_fit(const void *kernel, int threads, size_t smem, int ctas) 
     /* the limit is set to the most the device allows beside the kernel's
      * static shared memory, not to smem: it is one value a kernel, and a
      * launch of the same kernel with more (another n) must not find it
-     * lowered by this one */
+     * lowered by this one. A cluster plan also needs code compiled for
+     * sm_90 or newer: from older PTX its cluster instructions are absent. */
     cudaFuncAttributes fa;
-    if (cudaFuncGetAttributes(&fa, kernel) == cudaSuccess && smem + fa.sharedSizeBytes <= (size_t)d.optin_smem &&
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             d.optin_smem - (int)fa.sharedSizeBytes) == cudaSuccess) {
-        if (ctas == 1) {
-            int per_sm = 0;
-            if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem) == cudaSuccess)
-                fit = (int64_t)per_sm * d.sms;
-        } else {
-            cudaLaunchConfig_t cfg = {};
-            cudaLaunchAttribute attr;
-            attr.id = cudaLaunchAttributeClusterDimension;
-            attr.val.clusterDim.x = ctas;
-            attr.val.clusterDim.y = 1;
-            attr.val.clusterDim.z = 1;
-            cfg.gridDim = dim3(ctas);
-            cfg.blockDim = dim3(threads);
-            cfg.dynamicSmemBytes = smem;
-            cfg.attrs = &attr;
-            cfg.numAttrs = 1;
-            int clusters = 0;
-            if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) == cudaSuccess) fit = clusters;
-        }
+    cudaError_t e = cudaFuncGetAttributes(&fa, kernel);
+    bool ok = e == cudaSuccess && smem + fa.sharedSizeBytes <= (size_t)d.optin_smem &&
+              (ctas == 1 || fa.ptxVersion >= 90);
+    if (ok) {
+        e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 d.optin_smem - (int)fa.sharedSizeBytes);
+        ok = e == cudaSuccess;
     }
-    cudaGetLastError(); /* a refusal means "take another plan", not an error */
+    if (ok && ctas == 1) {
+        int per_sm = 0;
+        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem);
+        if (e == cudaSuccess) fit = (int64_t)per_sm * d.sms;
+    } else if (ok) {
+        cudaLaunchConfig_t cfg = {};
+        cudaLaunchAttribute attr;
+        attr.id = cudaLaunchAttributeClusterDimension;
+        attr.val.clusterDim.x = ctas;
+        attr.val.clusterDim.y = 1;
+        attr.val.clusterDim.z = 1;
+        cfg.gridDim = dim3(ctas);
+        cfg.blockDim = dim3(threads);
+        cfg.dynamicSmemBytes = smem;
+        cfg.attrs = &attr;
+        cfg.numAttrs = 1;
+        int clusters = 0;
+        e = cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg);
+        if (e == cudaSuccess) fit = clusters;
+    }
+    /* a refusal means "take another plan", not an error: clear it, and only
+     * it (an error the caller left pending is not ours to take) */
+    if (e != cudaSuccess) cudaGetLastError();
     if (fit < 0) fit = 0;
     if (cache.size() < 4096) cache.push_back(Entry{device, kernel, threads, ctas, smem, fit});
     return fit;
@@ -680,9 +688,10 @@ Launch fit_grid(Launch l, int64_t rows) {
 }
 
 /* Staged plan for packed rows of n elements of T, `tensors` streamed a row
- * (x and dy for the backward). A CTA's slice of a row is at most kSliceBytes a tensor,
- * so kStages stages of it fit in shared memory with room for a second
- * block; wider rows are split over a cluster of 2, 4 or 8 CTAs (sm_90). */
+ * (x and dy for the backward). A CTA's slice of a row is at most kSliceBytes
+ * a tensor, so kStages stages of it fit in one SM's shared memory (192 KB
+ * at the largest slice); wider rows are split over a cluster of 2, 4 or 8
+ * CTAs (sm_90). */
 constexpr size_t kSliceBytes = 32 << 10;
 
 constexpr int kStagedMinThreads = 64;
@@ -913,7 +922,7 @@ extern "C" const char *opsmith_internal_rms_norm_cuda_plan(opsmith_dtype dtype, 
 #undef OPSMITH_PLAN
     default: break;
     }
-    if (!l.grid) l.family = "generic", l.ctas = 0;
+    if (l.grid <= 0) l.family = "generic", l.ctas = 0;
     if (ctas) *ctas = l.ctas;
     return l.family;
 }
