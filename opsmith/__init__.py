@@ -1,12 +1,15 @@
 """opsmith: fused operators for PyTorch, written in C and CUDA C.
 
 Importing the package loads the route B library, so torch.ops.opsmith.*
-exists; opsmith.rms_norm and friends are thin wrappers over those ops.
-Route A (pybind11 + autograd.Function) lives in opsmith.pybind.
+exists; opsmith.rms_norm and friends are thin wrappers over those ops,
+re-exported from each op's module in opsmith/ops/. Route A (pybind11 +
+autograd.Function) is opsmith.pybind, the modules opsmith.nn.
 """
 from ._library import library_path
 from . import ops
-from .ops import rms_norm
-from . import nn
 
-__all__ = ["rms_norm", "nn", "ops", "library_path"]
+globals().update(ops.exports("FUNCTIONS"))
+
+from . import nn  # noqa: E402
+
+__all__ = [*ops.exports("FUNCTIONS"), "nn", "ops", "library_path"]

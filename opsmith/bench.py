@@ -8,7 +8,8 @@ achieved GB/s over the minimal bytes the op must move (each input read once,
 each output written once), that as a fraction of the device-to-device copy
 bandwidth measured in the same run, and the peak extra memory.
 
-Adding an op = one OpBench entry in OPS."""
+What is measured for each op (inputs, providers, shapes, the minimal-bytes
+model) is the `bench` part of its spec (opsmith/specs/<op>.py)."""
 import argparse
 import csv
 import datetime
@@ -17,93 +18,22 @@ import os
 import platform
 import sys
 import time
-from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional
+from typing import List, Optional
 
 import torch
 
-import opsmith
-import opsmith.pybind
+from opsmith.specs import OpSpec, load_specs
 
 L2_FLUSH_BYTES = 256 << 20  # rotate inputs over at least this many bytes
 
-
-@dataclass
-class OpBench:
-    name: str
-    # (rows, n, dtype, device) -> dict of tensors: the differentiable inputs
-    # first (in `grad_inputs` order), plus "dy" for the backward.
-    make_inputs: Callable
-    grad_inputs: List[str]
-    # provider name -> factory(hidden size, dtype, device) -> fn(**inputs) -> output
-    providers: Dict[str, Callable]
-    # minimal bytes moved: (rows, n, element size) -> bytes
-    fwd_bytes: Callable
-    fwdbwd_bytes: Callable
-    hidden_sizes: List[int] = field(default_factory=list)
-    row_counts: List[int] = field(default_factory=list)
-
-
-# --- RMSNorm -------------------------------------------------------------------
-
-def _rms_inputs(rows, n, dtype, device):
-    return {
-        "x": torch.randn(rows, n, dtype=dtype, device=device),
-        "w": (1 + 0.1 * torch.randn(n, device=device)).to(dtype),
-        "dy": torch.randn(rows, n, dtype=dtype, device=device),
-    }
-
-
-def _llama_rms_norm(x, w, eps=1e-6):
-    # Hugging Face LlamaRMSNorm.forward: upcast to float32, normalise, cast back, scale
-    dtype = x.dtype
-    h = x.to(torch.float32)
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return w * h.to(dtype)
-
-
-def _liger_rms_norm_factory(n, dtype, device):
-    from liger_kernel.transformers.rms_norm import LigerRMSNorm
-    module = LigerRMSNorm(n, eps=1e-6).to(device=device, dtype=dtype)
-    return lambda x, w: module(x)  # module holds its own weight, same shape
-
-
-_compiled = {}
 # every swept shape compiles its own graph: lift dynamo's recompile limit so
 # none of them silently falls back to eager
 for _name in ("cache_size_limit", "recompile_limit"):
     if hasattr(torch._dynamo.config, _name):
         setattr(torch._dynamo.config, _name, 4096)
 
-
-def _compiled_fn(key, fn):
-    if key not in _compiled:
-        _compiled[key] = torch.compile(fn, dynamic=False)
-    return _compiled[key]
-
-
-RMS_NORM = OpBench(
-    name="rms_norm",
-    make_inputs=_rms_inputs,
-    grad_inputs=["x", "w"],
-    providers={
-        "opsmith": lambda n, dt, dev: lambda x, w: opsmith.rms_norm(x, w, 1e-6),
-        "opsmith_pybind": lambda n, dt, dev: lambda x, w: opsmith.pybind.rms_norm(x, w, 1e-6),
-        "torch_F": lambda n, dt, dev: lambda x, w: torch.nn.functional.rms_norm(x, (n,), w, 1e-6),
-        "torch_hf_llama": lambda n, dt, dev: _llama_rms_norm,
-        "torch_compile_F": lambda n, dt, dev: _compiled_fn(
-            ("F", n), lambda x, w: torch.nn.functional.rms_norm(x, (x.shape[-1],), w, 1e-6)),
-        "torch_compile_hf_llama": lambda n, dt, dev: _compiled_fn(("hf", n), _llama_rms_norm),
-        "liger": _liger_rms_norm_factory,
-    },
-    # forward: read x, w; write y. backward: read dy, x, w; write dx, dw.
-    fwd_bytes=lambda rows, n, s: (2 * rows * n + n) * s,
-    fwdbwd_bytes=lambda rows, n, s: (2 * rows * n + n) * s + (3 * rows * n + 2 * n) * s,
-    hidden_sizes=[512, 1024, 2048, 4096, 8192, 16384, 32768, 65536],
-    row_counts=[1, 16, 64, 1024, 4096, 16384, 65536, 262144],
-)
-
-OPS = {op.name: op for op in [RMS_NORM]}
+# name -> OpSpec, for every op whose spec has a benchmark (OpSpec.bench)
+OPS = {spec.name: spec for spec in load_specs() if spec.bench is not None}
 
 
 # --- measurement -----------------------------------------------------------------
@@ -121,7 +51,8 @@ def copy_bandwidth_gbs(device) -> float:
     return 2 * a.numel() / (ms * 1e-3) / 1e9
 
 
-def _measure(op: OpBench, provider: str, rows, n, dtype, device, backward: bool):
+def _measure(spec: OpSpec, provider: str, rows, n, dtype, device, backward: bool):
+    op = spec.bench
     elem = torch.empty((), dtype=dtype).element_size()
     per_set = op.fwdbwd_bytes(rows, n, elem)
     copies = max(1, min(64, -(-L2_FLUSH_BYTES // per_set)))
@@ -182,21 +113,14 @@ def _graph_ms(step, calls: int = GRAPH_CALLS) -> float:
     return _do_bench(graph.replay) / calls
 
 
-def host_overhead_us(device, calls: int = 2000):
+def host_overhead_us(device, calls: int = 2000, ops: Optional[List[str]] = None):
     """Per-call host time of the public calls on a tiny tensor: wall time of
-    `calls` back-to-back calls (the GPU work of each is far shorter)."""
-    x = torch.randn(4, 256, device=device, dtype=torch.bfloat16)
-    w = torch.ones(256, device=device, dtype=torch.bfloat16)
-    xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
-    cases = {
-        "opsmith.rms_norm": lambda: opsmith.rms_norm(x, w, 1e-6),
-        "opsmith.rms_norm (requires_grad)": lambda: opsmith.rms_norm(xg, wg, 1e-6),
-        "torch.ops.opsmith.rms_norm_fwd": lambda: torch.ops.opsmith.rms_norm_fwd(x, w, 1e-6),
-        "opsmith.pybind.rms_norm": lambda: opsmith.pybind.rms_norm(x, w, 1e-6),
-        "opsmith.pybind.rms_norm (requires_grad)": lambda: opsmith.pybind.rms_norm(xg, wg, 1e-6),
-        "F.rms_norm": lambda: torch.nn.functional.rms_norm(x, (256,), w, 1e-6),
-        "F.rms_norm (requires_grad)": lambda: torch.nn.functional.rms_norm(xg, (256,), wg, 1e-6),
-    }
+    `calls` back-to-back calls (the GPU work of each is far shorter). The
+    calls are each spec's `bench.host_calls`."""
+    cases = {}
+    for name in (list(OPS) if ops is None else ops):
+        if OPS[name].bench.host_calls is not None:
+            cases.update(OPS[name].bench.host_calls(device))
     out = {}
     for name, fn in cases.items():
         for _ in range(200):
@@ -216,10 +140,10 @@ def host_overhead_us(device, calls: int = 2000):
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 
 
-def _sweep(op: OpBench, quick: bool, dtypes: Optional[List[str]] = None):
+def _sweep(spec: OpSpec, quick: bool, dtypes: Optional[List[str]] = None):
+    op = spec.bench
     if quick:
-        shapes = [(4096, 4096), (16384, 4096), (4096, 8192), (65536, 1024), (2048, 32768),
-                  (512, 65536), (16, 4096), (1, 8192)]
+        shapes = list(op.quick_shapes)
         return shapes, [DTYPES[d] for d in dtypes or ["bf16"]]
     max_elems = 1 << 30
     shapes = [(r, n) for n in op.hidden_sizes for r in op.row_counts if r * n <= max_elems]
@@ -244,7 +168,7 @@ def run(ops: List[str], quick: bool, out_dir: str, providers: Optional[List[str]
         "quick": quick,
     }
     print(f"{meta['gpu']}  torch {meta['torch']}  copy bandwidth {copy_gbs:.0f} GB/s")
-    meta["host_overhead_us"] = host_overhead_us(device)
+    meta["host_overhead_us"] = host_overhead_us(device, ops=ops)
     print("host time per call (us):", json.dumps(meta["host_overhead_us"], indent=1))
     rows_out = []
     jobs = []
@@ -256,7 +180,7 @@ def run(ops: List[str], quick: bool, out_dir: str, providers: Optional[List[str]
         for dtype in swept_dtypes:
             for rows, n in shapes:
                 for backward in (False, True):
-                    for p in op.providers:
+                    for p in op.bench.providers:
                         if providers is None or p in providers:
                             jobs.append((op, p, rows, n, dtype, backward))
     t0 = time.time()

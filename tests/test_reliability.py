@@ -1,17 +1,17 @@
-"""Reliability harnesses run over every operator in tests/op_registry.py:
-CUDA graphs, streams, odd and huge shapes, memory layouts, hostile inputs,
-property tests, determinism and route A vs route B. docs/reliability.md
-describes each harness and tabulates every hostile input.
+"""Reliability harnesses over every op spec (opsmith.specs, plus the test-only
+ops of tests/testing_ops.py): float64 reference on CPU and CUDA, CUDA graphs,
+streams, odd and huge shapes, memory layouts, hostile inputs, requires-grad
+subsets, property tests, determinism and route A vs route B. The PyTorch
+integration harnesses (opcheck, gradcheck, double backward, torch.func,
+torch.compile) are in test_integration.py. docs/reliability.md describes each
+harness; its hostile-input table is generated from the specs.
 
-Accuracy is always measured against the float64 reference computed from the
-very inputs the op saw (already rounded to its dtype), so the only error
-measured is the op's own: max|out - ref| <= tol * max(1, max|ref|).
-"""
+A harness that does not apply to a kind of op (no row inputs, no gradients,
+no route A) is not generated for it."""
 import copy
+import ctypes
 import gc
 import itertools
-import math
-import pathlib
 import random
 import re
 
@@ -21,10 +21,17 @@ import torch.nn.functional as F
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import opsmith
+import opsmith.specs
 from conftest import BASE_SEED, HAS_CUDA, requires_cuda
-from op_registry import OPS, tensors
+from harness import (ALL_SPECS, DTYPES, LAYOUTS, NATIVE_SPECS, assert_bitwise_equal, assert_close,
+                     check_against_reference, clone_inputs, compare_results, dtype_id, dys_for,
+                     flat_inputs, generator, grad_tol, layout_applies, op_params, primary, reference_run,
+                     refill, relayout, relayout_rows, results, run_op, scaled)
 
-OP_PARAMS = [pytest.param(spec, id=spec.name) for spec in OPS]
+ROWS = lambda s: bool(s.row_inputs)  # noqa: E731
+GRADS = lambda s: bool(s.grad_inputs)  # noqa: E731
+ROUTE_A = lambda s: s.call_pybind is not None  # noqa: E731
 
 requires_two_gpus = pytest.mark.skipif(
     not HAS_CUDA or torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
@@ -36,153 +43,41 @@ def _big_gpu():
 
 requires_big_gpu = pytest.mark.skipif(not _big_gpu(), reason="needs a CUDA GPU with more than 40 GB")
 
-DOCS = pathlib.Path(__file__).resolve().parent.parent / "docs" / "reliability.md"
 
-_INT_VIEW = {torch.float64: torch.int64, torch.float32: torch.int32,
-             torch.float16: torch.int16, torch.bfloat16: torch.int16}
-
-
-def dtype_id(dtype):
-    return str(dtype).replace("torch.", "")
+def _supports(spec, dtype):
+    if dtype not in spec.dtypes:
+        pytest.skip(f"{spec.name} has no {dtype_id(dtype)}")
 
 
-def generator():
-    # Seeded from the global RNG, which conftest seeds per test: reruns of a
-    # test see the same inputs, different tests different ones.
-    return torch.Generator().manual_seed(int(torch.randint(0, 2**62, ()).item()))
+# =============================================================================
+# float64 reference, CPU and CUDA
+# =============================================================================
 
 
-def randn_like_out(spec, inputs, gen):
-    """A random upstream gradient shaped like the output (the row inputs)."""
-    x = inputs[spec.row_inputs[0]]
-    return torch.randn(tuple(x.shape), generator=gen).to(device=x.device, dtype=x.dtype)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("spec", op_params())
+def test_reference(spec, device, dtype):
+    # fresh random inputs (never zeros), outputs from a poisoned allocator
+    _supports(spec, dtype)
+    check_against_reference(spec, spec.make_inputs((37, 300), dtype, device, generator()), generator())
 
 
-def poison_allocator(device, *nbytes):
-    # The op allocates its outputs with torch.empty. Filling and freeing
-    # blocks of the sizes it is about to ask for makes the allocator likely to
-    # hand them back, so an element the kernel fails to write reads as NaN
-    # (all-ones bits, in every float dtype) rather than a lucky zero.
-    blocks = [torch.full((b,), 255, dtype=torch.uint8, device=device) for b in nbytes if b > 0]
-    del blocks
-
-
-def nbytes(t):
-    return t.numel() * t.element_size()
-
-
-def run_op(fn, spec, inputs, dy=None, wrt=None):
-    """out = fn(inputs) with the inputs named in `wrt` (default: all grad
-    inputs) as leaves requiring grad; with dy, also their gradients.
-    detach() keeps each tensor's layout (strides, offset, stride 0)."""
-    wrt = spec.grad_inputs if wrt is None else tuple(wrt)
-    leaves = {k: (v.detach().requires_grad_(k in wrt) if isinstance(v, torch.Tensor) else v)
-              for k, v in inputs.items()}
-    device = inputs[spec.row_inputs[0]].device
-    poison_allocator(device, *(nbytes(inputs[k]) for k in spec.row_inputs))
-    out = fn(leaves)
-    grads = {}
-    if dy is not None and wrt:
-        poison_allocator(device, *(nbytes(inputs[k]) for k in wrt))
-        got = torch.autograd.grad(out, [leaves[k] for k in wrt], dy)
-        grads = dict(zip(wrt, got))
-    return out.detach(), grads
-
-
-def reference_run(spec, inputs, dy=None, wrt=None, device="cpu"):
-    """The float64 reference output (and gradients) for these inputs."""
-    wrt = spec.grad_inputs if wrt is None else tuple(wrt)
-    dtype = inputs[spec.row_inputs[0]].dtype
-    leaves = {}
-    for k, v in inputs.items():
-        if isinstance(v, torch.Tensor):
-            v = v.detach().to(device=device, dtype=torch.float64).requires_grad_(k in wrt)
-        leaves[k] = v
-    out = spec.reference(leaves, dtype=dtype)
-    grads = {}
-    if dy is not None and wrt:
-        got = torch.autograd.grad(out, [leaves[k] for k in wrt], dy.to(device=device, dtype=torch.float64))
-        grads = dict(zip(wrt, got))
-    return out.detach(), grads
-
-
-def assert_close(got, ref, tol, what):
-    assert tuple(got.shape) == tuple(ref.shape), f"{what}: shape {tuple(got.shape)} != {tuple(ref.shape)}"
-    if got.numel() == 0:
-        return
-    g = got.detach().to(device=ref.device, dtype=torch.float64)
-    r = ref.detach().to(torch.float64)
-    # Outputs come from torch.empty: memory the op left unwritten or filled
-    # with garbage shows as NaN/Inf (see poison_allocator) where the reference has none.
-    bad = ~torch.isfinite(g) & torch.isfinite(r)
-    if bad.any():
-        first = tuple(int(i) for i in bad.nonzero()[0])
-        raise AssertionError(f"{what}: {int(bad.sum())} non-finite values where the reference is finite, first at {first}")
-    err = (g - r).abs().max().item()
-    bound = tol * max(1.0, r.abs().max().item())
-    assert err <= bound, f"{what}: max|out - ref| = {err:.3e} > {bound:.3e}"
-
-
-def assert_bitwise_equal(a, b, what):
-    assert a.dtype == b.dtype and a.shape == b.shape and a.device == b.device, (
-        f"{what}: {a.dtype}{tuple(a.shape)}@{a.device} vs {b.dtype}{tuple(b.shape)}@{b.device}")
-    # integer views, so -0.0 vs 0.0 and NaN payloads count too
-    ia = a.detach().contiguous().view(_INT_VIEW[a.dtype])
-    ib = b.detach().contiguous().view(_INT_VIEW[b.dtype])
-    assert torch.equal(ia, ib), f"{what}: not bit-identical ({int((ia != ib).sum())} elements differ)"
-
-
-def check_against_reference(spec, inputs, gen, fn=None, dy=None):
-    """Forward and every gradient of `fn` (route B by default) vs float64."""
-    fn = spec.call if fn is None else fn
-    x = inputs[spec.row_inputs[0]]
-    dtype, device = x.dtype, x.device
-    dy = randn_like_out(spec, inputs, gen) if dy is None else dy
-    out, grads = run_op(fn, spec, inputs, dy)
-    ref, ref_grads = reference_run(spec, inputs, dy)
-    tol = spec.tolerance(dtype)
-    assert out.dtype == dtype and out.device == device, f"out is {out.dtype} on {out.device}"
-    assert_close(out, ref, tol, "out")
-    for k, g in grads.items():
-        assert g.dtype == inputs[k].dtype and g.device == device, f"grad {k} is {g.dtype} on {g.device}"
-        slack = 1.0 if k in spec.row_inputs else spec.grad_slack
-        assert_close(g, ref_grads[k], tol * slack, f"grad {k}")
-
-
-# --- memory layouts ------------------------------------------------------------
-
-NEEDS_2D = {"transposed", "strided_rows", "expanded"}
-LAYOUTS = ["contiguous", "transposed", "sliced", "strided_rows", "expanded", "storage_offset"]
-
-
-def relayout(t, layout):
-    """A view holding t's values (for "expanded": its first row, repeated) in
-    the given memory layout. Padding the view skips over is NaN, so a kernel
-    reading past a row's end or a wrong stride shows in its output."""
-    if layout == "contiguous" or (layout in NEEDS_2D and t.dim() < 2):
-        return t
-    shape, n = tuple(t.shape), t.shape[-1]
-    if layout == "transposed":  # last dim strided: not a (rows, n) view, the op must cope
-        return t.transpose(-1, -2).contiguous().transpose(-1, -2)
-    if layout == "expanded":  # stride-0 rows: every row aliases one
-        return t[..., :1, :].expand(shape)
-    if layout == "sliced":  # rows longer than n (row stride n + 3)
-        buf = torch.full(shape[:-1] + (n + 3,), math.nan, dtype=t.dtype, device=t.device)
-        view = buf[..., :n]
-    elif layout == "strided_rows":  # every other row
-        buf = torch.full(shape[:-2] + (2 * shape[-2], n), math.nan, dtype=t.dtype, device=t.device)
-        view = buf[..., ::2, :]
-    elif layout == "storage_offset":  # contiguous, one element off any vector alignment
-        buf = torch.full((t.numel() + 1,), math.nan, dtype=t.dtype, device=t.device)
-        view = buf[1:].view(shape)
-    else:
-        raise ValueError(layout)
-    view.copy_(t)
-    return view
-
-
-def relayout_rows(spec, inputs, layout):
-    return {k: (relayout(v, layout) if k in spec.row_inputs else v) for k, v in inputs.items()}
+@pytest.mark.parametrize("spec", op_params(lambda s: bool(s.index_inputs)))
+def test_index_inputs(spec, device):
+    # the integer inputs lie in their declared range, and the ignore value is
+    # among them (so the harnesses reach the ignore path)
+    inputs = spec.make_inputs((64, 50), torch.float32, device, generator())
+    for idx in spec.index_inputs:
+        t = inputs[idx.name]
+        assert t.dtype == torch.int64, f"{idx.name} is {t.dtype}"
+        high = idx.high(inputs)
+        in_range = (t >= 0) & (t < high)
+        ignored = t == idx.ignore_index if idx.ignore_index is not None else torch.zeros_like(in_range)
+        assert bool((in_range | ignored).all()), f"{idx.name} outside [0, {high})"
+        if idx.ignore_index is not None:
+            assert bool(ignored.any()) and bool(in_range.any())
+            all_ignored = dict(inputs, **{idx.name: torch.full_like(t, idx.ignore_index)})
+            check_against_reference(spec, all_ignored, generator())
 
 
 # =============================================================================
@@ -201,26 +96,20 @@ def _warm_up_on_side_stream(fn, iters=3):
     torch.cuda.current_stream().wait_stream(side)
 
 
-def _refill(static, fresh):
-    with torch.no_grad():
-        for k, t in tensors(fresh).items():
-            static[k].copy_(t)
-
-
 GRAPH_WIDTHS = [1024, 777]  # a width the vector (packed) path takes, and one it cannot
 
 
 @requires_cuda
 @pytest.mark.parametrize("n", GRAPH_WIDTHS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
-@pytest.mark.parametrize("spec", OP_PARAMS)
+@pytest.mark.parametrize("spec", op_params())
 def test_cuda_graph_forward(spec, dtype, n):
     gen = generator()
     shape = (257, n)
     static = spec.make_inputs(shape, dtype, "cuda", gen)
 
     def fwd():
-        return spec.call(static)
+        return [t.detach() for t in results(spec, spec.call(static))]
 
     _warm_up_on_side_stream(fwd)
     graph = torch.cuda.CUDAGraph()
@@ -229,68 +118,75 @@ def test_cuda_graph_forward(spec, dtype, n):
 
     previous = None
     for _ in range(3):
-        _refill(static, spec.make_inputs(shape, dtype, "cuda", gen))
+        fresh = spec.make_inputs(shape, dtype, "cuda", gen)
+        refill(static, fresh)
         graph.replay()
-        eager = fwd()
+        got = [t.clone() for t in static_out]
+        eager, _ = run_op(spec.call, spec, fresh, wrt=())
         torch.cuda.synchronize()
-        assert torch.equal(static_out, eager), "graph replay differs from an eager call on the same inputs"
+        for g, (name, e) in zip(got, eager):
+            assert torch.equal(g, e), f"{name}: graph replay differs from an eager call on the same inputs"
         if previous is not None:
             # a replay that ignored the new inputs would repeat the last output
-            assert not torch.equal(static_out, previous), "replay did not see the new inputs"
-        previous = static_out.clone()
-    ref, _ = reference_run(spec, static)
-    assert_close(static_out, ref, spec.tolerance(dtype), "replayed out vs float64")
+            assert not all(torch.equal(g, p) for g, p in zip(got, previous)), "replay did not see the new inputs"
+        previous = got
+        last = fresh
+    ref, _ = reference_run(spec, last)
+    for g, (name, r) in zip(previous, ref):
+        assert_close(g, r, spec.tolerance(dtype), f"replayed {name} vs float64")
 
 
 @requires_cuda
 @pytest.mark.parametrize("n", GRAPH_WIDTHS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
-@pytest.mark.parametrize("spec", OP_PARAMS)
+@pytest.mark.parametrize("spec", op_params(GRADS))
 def test_cuda_graph_forward_backward(spec, dtype, n):
     # The backward takes scratch memory (the weight-gradient partial sums):
     # it must come from PyTorch's allocator, or capture fails or replays stale data.
     gen = generator()
     shape = (257, n)
     static = spec.make_inputs(shape, dtype, "cuda", gen)
-    for k in spec.grad_inputs:
-        static[k].requires_grad_()
-    static_dy = randn_like_out(spec, static, gen)
+    static_dys = dys_for(spec, static, gen)
+    leaves_in = dict(flat_inputs(static, spec.grad_inputs))
+    for t in leaves_in.values():
+        t.requires_grad_()
 
     def step():
-        out = spec.call(static)
-        grads = torch.autograd.grad(out, [static[k] for k in spec.grad_inputs], static_dy)
-        return (out.detach(),) + tuple(grads)
+        outs = [(k, t) for k, t in opsmith.specs.flat_outputs(spec, spec.call(static)) if k in static_dys]
+        grads = torch.autograd.grad([t for _, t in outs], list(leaves_in.values()),
+                                    [static_dys[k] for k, _ in outs])
+        return [t.detach() for _, t in outs] + list(grads)
 
     _warm_up_on_side_stream(step)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         static_results = step()
 
-    names = ("out",) + tuple(f"grad {k}" for k in spec.grad_inputs)
     for _ in range(3):
         fresh = spec.make_inputs(shape, dtype, "cuda", gen)
-        fresh["dy"] = randn_like_out(spec, fresh, gen)
-        _refill({**static, "dy": static_dy}, fresh)
+        fresh_dys = {k: torch.randn_like(v) for k, v in static_dys.items()}
+        refill(static, fresh)
+        refill(static_dys, fresh_dys)
         graph.replay()
+        got = [t.clone() for t in static_results]
         eager = step()
         torch.cuda.synchronize()
-        for got, want, what in zip(static_results, eager, names):
-            assert torch.equal(got, want), f"{what}: graph replay differs from eager"
-    ref, ref_grads = reference_run(spec, static, static_dy)
+        for i, (g, e) in enumerate(zip(got, eager)):
+            assert torch.equal(g, e), f"result {i}: graph replay differs from eager"
+    ref, ref_grads = reference_run(spec, static, static_dys)
     tol = spec.tolerance(dtype)
-    assert_close(static_results[0], ref, tol, "replayed out vs float64")
-    for k, got in zip(spec.grad_inputs, static_results[1:]):
-        slack = 1.0 if k in spec.row_inputs else spec.grad_slack
-        assert_close(got, ref_grads[k], tol * slack, f"replayed grad {k} vs float64")
+    ref_diff = [r for k, r in ref if k in static_dys]
+    for i, r in enumerate(ref_diff):
+        assert_close(got[i], r, tol, f"replayed output {i} vs float64")
+    for k, g in zip(leaves_in, got[len(ref_diff):]):
+        assert_close(g, ref_grads[k], grad_tol(spec, k, tol), f"replayed grad {k} vs float64")
 
 
 @requires_cuda
-@pytest.mark.parametrize("spec", OP_PARAMS)
+@pytest.mark.parametrize("spec", op_params(lambda s: s.make_module is not None))
 def test_compile_reduce_overhead_training(spec):
     # mode="reduce-overhead" runs the compiled forward and backward as CUDA
     # graphs (cudagraph trees); a few SGD steps must track eager ones.
-    if spec.make_module is None:
-        pytest.skip(f"{spec.name} has no module")
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()
@@ -342,59 +238,57 @@ def test_compile_reduce_overhead_training(spec):
 # =============================================================================
 
 
+def _produced_late(spec, inputs):
+    # the floating row inputs (every floating tensor of a list op), recomputed
+    return scaled(spec, inputs, 2.0)
+
+
 @requires_cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
-@pytest.mark.parametrize("spec", OP_PARAMS)
+@pytest.mark.parametrize("spec", op_params())
 def test_side_stream(spec, dtype):
     # The input is produced late on a side stream (after a long sleep). The op
     # must run on the current stream: on the default stream instead it would
     # read the input before the multiply wrote it.
     gen = generator()
     base = spec.make_inputs((512, 2048), dtype, "cuda", gen)
-    dy = randn_like_out(spec, base, gen)
+    dys = dys_for(spec, base, gen)
     side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())  # base and dy exist before the side stream reads them
+    side.wait_stream(torch.cuda.current_stream())  # base and dys exist before the side stream reads them
     with torch.cuda.stream(side):
         torch.cuda._sleep(100_000_000)  # ~50 ms of GPU time
-        produced = {k: (v * 2 if k in spec.row_inputs else v) for k, v in base.items()}
-        out, grads = run_op(spec.call, spec, produced, dy)
+        produced = _produced_late(spec, base)
+        outs, grads = run_op(spec.call, spec, produced, dys)
         done = torch.cuda.Event()
         done.record()
     torch.cuda.current_stream().wait_event(done)
-    ref, ref_grads = reference_run(spec, produced, dy)
-    tol = spec.tolerance(dtype)
-    assert_close(out, ref, tol, "out")
-    for k, g in grads.items():
-        assert_close(g, ref_grads[k], tol * (1.0 if k in spec.row_inputs else spec.grad_slack), f"grad {k}")
+    ref, ref_grads = reference_run(spec, produced, dys)
+    compare_results(spec, outs, grads, ref, ref_grads, spec.tolerance(dtype))
 
 
 @requires_two_gpus
-@pytest.mark.parametrize("spec", OP_PARAMS)
+@pytest.mark.parametrize("spec", op_params())
 def test_tensors_on_second_gpu(spec):
     # Tensors on cuda:1 while cuda:0 is current: the op must switch device
     # and use cuda:1's current stream, where the inputs are produced late.
     torch.cuda.set_device(0)
     gen = generator()
     inputs = spec.make_inputs((300, 1536), torch.float32, "cuda:1", gen)
-    dy = randn_like_out(spec, inputs, gen)
+    dys = dys_for(spec, inputs, gen)
     with torch.cuda.device(1):
         torch.cuda._sleep(100_000_000)
-        inputs = {k: (v * 2 if k in spec.row_inputs else v) for k, v in inputs.items()}
+        inputs = _produced_late(spec, inputs)
     assert torch.cuda.current_device() == 0
-    out, grads = run_op(spec.call, spec, inputs, dy)
+    outs, grads = run_op(spec.call, spec, inputs, dys)
     assert torch.cuda.current_device() == 0, "the op left another device current"
-    assert out.device == torch.device("cuda:1")
-    for k, g in grads.items():
-        assert g.device == torch.device("cuda:1"), f"grad {k} on {g.device}"
-    ref, ref_grads = reference_run(spec, inputs, dy)
-    tol = spec.tolerance(torch.float32)
-    assert_close(out, ref, tol, "out")
-    for k, g in grads.items():
-        assert_close(g, ref_grads[k], tol * (1.0 if k in spec.row_inputs else spec.grad_slack), f"grad {k}")
+    for k, t in outs + list(grads.items()):
+        assert t.device == torch.device("cuda:1"), f"{k} on {t.device}"
+    ref, ref_grads = reference_run(spec, inputs, dys)
+    compare_results(spec, outs, grads, ref, ref_grads, spec.tolerance(torch.float32))
     # the forward's arithmetic does not depend on the device: same bits on cuda:0
-    on0, _ = run_op(spec.call, spec, {k: (v.to("cuda:0") if isinstance(v, torch.Tensor) else v)
-                                      for k, v in inputs.items()})
-    assert_bitwise_equal(out.to("cuda:0"), on0, "out on cuda:1 vs cuda:0")
+    on0, _ = run_op(spec.call, spec, opsmith.specs.map_tensors(inputs, lambda k, t: t.to("cuda:0")), wrt=())
+    for (k, a), (_, b) in zip(outs, on0):
+        assert_bitwise_equal(a.to("cuda:0"), b, f"{k} on cuda:1 vs cuda:0")
 
 
 # =============================================================================
@@ -403,66 +297,84 @@ def test_tensors_on_second_gpu(spec):
 
 
 @pytest.mark.parametrize("shape", [(0, 64), (3, 0, 64)], ids=["0x64", "3x0x64"])
-@pytest.mark.parametrize("spec", OP_PARAMS)
+@pytest.mark.parametrize("spec", op_params(ROWS))
 def test_zero_rows(spec, device, shape):
-    # No rows is a valid, empty batch: empty outputs, and the gradient of a
-    # shared input is an empty sum, zero (not uninitialised memory).
+    # No rows is a valid, empty batch: empty outputs whose leading dims are
+    # the rows, and the gradient of a shared input is an empty sum, zero (not
+    # uninitialised memory).
     gen = generator()
     inputs = spec.make_inputs(shape, torch.float32, device, gen)
-    dy = torch.empty(shape, device=device)
-    out, grads = run_op(spec.call, spec, inputs, dy)
-    assert tuple(out.shape) == shape and out.dtype == torch.float32
+    dys = dys_for(spec, inputs, gen)
+    outs, grads = run_op(spec.call, spec, inputs, dys)
+    lead = shape[:-1]
+    for k, t in outs:
+        assert tuple(t.shape[:len(lead)]) == lead and t.numel() == 0, f"{k}: shape {tuple(t.shape)}"
     assert set(grads) == set(spec.grad_inputs)
     for k, g in grads.items():
         assert g.shape == inputs[k].shape, f"grad {k}: shape {tuple(g.shape)}"
         if k not in spec.row_inputs:
             assert torch.equal(g, torch.zeros_like(inputs[k])), f"grad {k} over no rows must be zero"
+    ref, ref_grads = reference_run(spec, inputs, dys)
+    compare_results(spec, outs, grads, ref, ref_grads, spec.tolerance(torch.float32))
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16], ids=dtype_id)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("shape", [(1, 257), (257,), (1, 1)], ids=["1x257", "1d", "1x1"])
-@pytest.mark.parametrize("spec", OP_PARAMS)
+@pytest.mark.parametrize("spec", op_params())
 def test_one_row(spec, device, dtype, shape):
+    _supports(spec, dtype)
     check_against_reference(spec, spec.make_inputs(shape, dtype, device, generator()), generator())
 
 
 @pytest.mark.parametrize("n", [7, 13, 127, 8191])
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16], ids=dtype_id)
-@pytest.mark.parametrize("spec", OP_PARAMS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("spec", op_params())
 def test_prime_widths(spec, device, dtype, n):
     # Widths no vector width divides: the scalar tail of every loop runs.
+    _supports(spec, dtype)
     check_against_reference(spec, spec.make_inputs((5, n), dtype, device, generator()), generator())
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16], ids=dtype_id)
-@pytest.mark.parametrize("spec", OP_PARAMS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("spec", op_params())
 def test_row_wider_than_any_tile(spec, device, dtype):
     # 100003 (prime) is wider than a block covers in one pass or keeps in
     # registers, and than the CPU kernel's summation blocks.
+    _supports(spec, dtype)
     check_against_reference(spec, spec.make_inputs((3, 100003), dtype, device, generator()), generator())
 
 
+def _layout_params():
+    params = []
+    for spec in ALL_SPECS:
+        for layout in LAYOUTS[1:]:
+            why = layout_applies(spec, layout)
+            marks = [pytest.mark.skip(reason=why)] if why else []
+            params.append(pytest.param(spec, layout, id=f"{spec.name}-{layout}", marks=marks))
+    return params
+
+
 @pytest.mark.parametrize("n", [131, 256])
-@pytest.mark.parametrize("layout", [l for l in LAYOUTS if l != "contiguous"])
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16], ids=dtype_id)
-@pytest.mark.parametrize("spec", OP_PARAMS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("spec,layout", _layout_params())
 def test_layouts(spec, device, dtype, layout, n):
-    # The row inputs and the upstream gradient both take the layout; n = 256
-    # would take the vector path if the layout allowed it.
+    # The row inputs (every floating tensor of a list op) and the upstream
+    # gradients take the layout; n = 256 would take the vector path if the
+    # layout allowed it.
+    _supports(spec, dtype)
     gen = generator()
-    inputs = spec.make_inputs((6, n), dtype, device, gen)
-    inputs = relayout_rows(spec, inputs, layout)
-    x = inputs[spec.row_inputs[0]]
+    inputs = relayout_rows(spec, spec.make_inputs((6, n), dtype, device, gen), layout)
+    x = primary(spec, inputs)
     if layout != "storage_offset":
         assert not x.is_contiguous()
     else:
         assert x.storage_offset() == 1
-    dy = relayout(randn_like_out(spec, inputs, gen), layout)
-    check_against_reference(spec, inputs, gen, dy=dy)
+    dys = {k: relayout(v, layout) for k, v in dys_for(spec, inputs, gen).items()}
+    check_against_reference(spec, inputs, gen, dys=dys)
 
 
 @requires_big_gpu
-@pytest.mark.parametrize("spec", OP_PARAMS)
+@pytest.mark.parametrize("spec", op_params(ROWS))
 def test_more_than_2_31_elements(spec):
     # 2^31 + 3072 elements: any 32-bit element index overflows. Every row is
     # checked, against a float64 reference computed chunk by chunk on the
@@ -480,16 +392,18 @@ def test_more_than_2_31_elements(spec):
 def _check_huge(spec, dtype, rows, n):
     gen = torch.Generator(device="cuda").manual_seed(BASE_SEED)
     inputs = spec.make_inputs((rows, n), dtype, "cuda", gen)
-    dy = torch.randn((rows, n), generator=gen, device="cuda", dtype=dtype)
-    out, grads = run_op(spec.call, spec, inputs, dy)
+    dys = {k: torch.randn(v.shape, generator=gen, device="cuda", dtype=dtype)
+           for k, v in dys_for(spec, inputs, torch.Generator(device="cuda").manual_seed(0)).items()}
+    outs, grads = run_op(spec.call, spec, inputs, dys, check_inputs=False)
     tol = spec.tolerance(dtype)
     shared_ref = {}
     chunk = 1 << 17
     for r0 in range(0, rows, chunk):
         r1 = min(rows, r0 + chunk)
         sub = {k: (v[r0:r1] if k in spec.row_inputs else v) for k, v in inputs.items()}
-        ref, ref_grads = reference_run(spec, sub, dy[r0:r1], device="cuda")
-        assert_close(out[r0:r1], ref, tol, f"out rows {r0}:{r1}")
+        ref, ref_grads = reference_run(spec, sub, {k: d[r0:r1] for k, d in dys.items()}, device="cuda")
+        for (k, got), (_, r) in zip(outs, ref):
+            assert_close(got[r0:r1], r, tol, f"{k} rows {r0}:{r1}")
         for k, g in ref_grads.items():
             if k in spec.row_inputs:
                 assert_close(grads[k][r0:r1], g, tol, f"grad {k} rows {r0}:{r1}")
@@ -505,76 +419,88 @@ def _check_huge(spec, dtype, rows, n):
 # =============================================================================
 
 
+def _routes(spec):
+    return [("route_b", spec.call)] + ([("route_a", spec.call_pybind)] if spec.call_pybind else [])
+
+
 def _hostile_params():
     params = []
-    for spec in OPS:
+    for spec in ALL_SPECS:
         for case in spec.hostile:
-            devices = ["cuda"] if case.cuda_only else ["cpu", "cuda"]
-            for dev in devices:
-                marks = [requires_cuda] if dev == "cuda" else []
-                params.append(pytest.param(spec, case, dev, id=f"{spec.name}-{case.name}-{dev}", marks=marks))
+            for dev in (["cuda"] if case.cuda_only else ["cpu", "cuda"]):
+                for route, _ in _routes(spec):
+                    marks = [requires_cuda] if dev == "cuda" else []
+                    params.append(pytest.param(spec, case, dev, route, marks=marks,
+                                               id=f"{spec.name}-{case.name}-{dev}-{route}"))
     return params
 
 
-@pytest.mark.parametrize("route", ["route_b", "route_a"])
-@pytest.mark.parametrize("spec,case,device", _hostile_params())
+@pytest.mark.parametrize("spec,case,device,route", _hostile_params())
 def test_hostile_input(spec, case, device, route):
     inputs = case.make(device, generator())
-    fn = spec.call if route == "route_b" else spec.call_pybind
+    fn = dict(_routes(spec))[route]
     if case.raises:
         # a clean RuntimeError naming the argument, never a crash or a result
         with pytest.raises(RuntimeError, match=case.raises):
             fn(inputs)
         return
+    want = [t for _, t in opsmith.specs.flat_outputs(spec, spec.torch_equivalent(clone_inputs(inputs)))]
+    original = clone_inputs(inputs)
     out = fn(inputs)
-    want = spec.torch_equivalent(inputs)
-    got = out.detach().cpu().float()
-    assert got.shape == want.shape
-    for what, mask in (("NaN", torch.isnan), ("+Inf", torch.isposinf), ("-Inf", torch.isneginf)):
-        assert torch.equal(mask(got), mask(want)), (
-            f"{what} pattern differs from PyTorch's: op {mask(got).nonzero().tolist()} "
-            f"vs torch {mask(want).nonzero().tolist()}")
-    finite = torch.isfinite(want)
-    if finite.any():
-        err = (got[finite] - want[finite]).abs().max().item()
-        bound = 2 * spec.tolerance(inputs[spec.row_inputs[0]].dtype) * max(1.0, want[finite].abs().max().item())
-        assert err <= bound, f"finite values: max|op - torch| = {err:.3e} > {bound:.3e}"
+    got_all = results(spec, out)
+    assert len(got_all) == len(want)
+    tol = 2 * spec.tolerance(primary(spec, inputs).dtype)
+    for i, (g, w) in enumerate(zip(got_all, want)):
+        g = g.detach().cpu().float()
+        assert g.shape == w.shape, f"output {i}: shape {tuple(g.shape)} vs torch {tuple(w.shape)}"
+        for what, mask in (("NaN", torch.isnan), ("+Inf", torch.isposinf), ("-Inf", torch.isneginf)):
+            assert torch.equal(mask(g), mask(w)), (
+                f"output {i}: {what} pattern differs from PyTorch's: op {mask(g).nonzero().tolist()} "
+                f"vs torch {mask(w).nonzero().tolist()}")
+        finite = torch.isfinite(w)
+        if finite.any():
+            err = (g[finite] - w[finite]).abs().max().item()
+            bound = tol * max(1.0, w[finite].abs().max().item())
+            assert err <= bound, f"output {i}: finite values: max|op - torch| = {err:.3e} > {bound:.3e}"
     if case.check:
-        case.check(spec, inputs, out)
+        case.check(spec, original, out)
 
 
 def _grad_subset_params():
     params = []
-    for spec in OPS:
+    for spec in ALL_SPECS:
         full = set(spec.grad_inputs)
         for r in range(len(spec.grad_inputs)):
             for subset in itertools.combinations(spec.grad_inputs, r):
                 if set(subset) != full:
                     name = "+".join(subset) + "_only" if subset else "none"
-                    params.append(pytest.param(spec, subset, id=f"{spec.name}-{name}"))
+                    for route, _ in _routes(spec):
+                        params.append(pytest.param(spec, subset, route, id=f"{spec.name}-{name}-{route}"))
     return params
 
 
-@pytest.mark.parametrize("route", ["route_b", "route_a"])
-@pytest.mark.parametrize("spec,subset", _grad_subset_params())
+@pytest.mark.parametrize("spec,subset,route", _grad_subset_params())
 def test_requires_grad_subsets(spec, subset, device, route):
     # Only some inputs (or none) require grad: the backward must still give
     # the right gradients for those that do, and with none there is no graph.
-    fn = spec.call if route == "route_b" else spec.call_pybind
+    fn = dict(_routes(spec))[route]
     gen = generator()
     inputs = spec.make_inputs((6, 50), torch.float32, device, gen)
-    if not subset:
-        out = fn(inputs)
-        assert not out.requires_grad and out.grad_fn is None
-        ref, _ = reference_run(spec, inputs, wrt=())
-        assert_close(out, ref, spec.tolerance(torch.float32), "out")
-        return
-    dy = randn_like_out(spec, inputs, gen)
-    out, grads = run_op(fn, spec, inputs, dy, wrt=subset)
-    _, ref_grads = reference_run(spec, inputs, dy, wrt=subset)
     tol = spec.tolerance(torch.float32)
-    for k in subset:
-        assert_close(grads[k], ref_grads[k], tol * (1.0 if k in spec.row_inputs else spec.grad_slack), f"grad {k}")
+    if not subset:
+        outs = results(spec, fn(clone_inputs(inputs)))
+        for t in outs:
+            assert not t.requires_grad and t.grad_fn is None
+        ref, _ = reference_run(spec, inputs, wrt=())
+        for t, (k, r) in zip(outs, ref):
+            assert_close(t, r, tol, k)
+        return
+    dys = dys_for(spec, inputs, gen)
+    _, grads = run_op(fn, spec, inputs, dys, wrt=subset)
+    _, ref_grads = reference_run(spec, inputs, dys, wrt=subset)
+    assert set(grads) == set(ref_grads)
+    for k in grads:
+        assert_close(grads[k], ref_grads[k], grad_tol(spec, k, tol), f"grad {k}")
 
 
 # =============================================================================
@@ -584,18 +510,13 @@ def test_requires_grad_subsets(spec, subset, device, route):
 SCALES = [1e-4, 1.0, 1e4]
 
 
-def _scaled(spec, inputs, scale):
-    # scale the row inputs (via float64, so the scaling itself rounds once)
-    return {k: ((v.double() * scale).to(v.dtype) if k in spec.row_inputs else v) for k, v in inputs.items()}
-
-
-@pytest.mark.parametrize("spec", OP_PARAMS)
+@pytest.mark.parametrize("spec", op_params())
 @settings(max_examples=50, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(
     lead=st.lists(st.integers(0, 5), max_size=2),
     n=st.integers(1, 300),
-    dtype=st.sampled_from([torch.float64, torch.float32, torch.float16, torch.bfloat16]),
+    dtype=st.sampled_from(DTYPES),
     layout=st.sampled_from(LAYOUTS),
     scale=st.sampled_from(SCALES),
     seed=st.integers(0, 2**31 - 1),
@@ -608,7 +529,7 @@ def test_property_cpu(spec, lead, n, dtype, layout, scale, seed):
         return
     gen = torch.Generator().manual_seed(seed)
     inputs = spec.make_inputs(tuple(lead) + (n,), dtype, "cpu", gen)
-    inputs = relayout_rows(spec, _scaled(spec, inputs, scale), layout)
+    inputs = relayout_rows(spec, scaled(spec, inputs, scale), layout)
     check_against_reference(spec, inputs, gen)
 
 
@@ -618,7 +539,7 @@ SWEEP_WIDTHS = [256, 1024, 2048, 4096, 8192, 16384, 20480, 32768]
 
 def _sweep_case(index):
     rng = random.Random(BASE_SEED * 1000 + index)
-    dtype = rng.choice([torch.float64, torch.float32, torch.float16, torch.bfloat16])
+    dtype = rng.choice(DTYPES)
     kind = rng.random()
     if kind < 0.35:
         n = rng.randint(1, 300)
@@ -645,14 +566,13 @@ def _sweep_case(index):
 
 @requires_cuda
 @pytest.mark.parametrize("index", range(SWEEP_CASES))
-@pytest.mark.parametrize("spec", OP_PARAMS)
+@pytest.mark.parametrize("spec", op_params())
 def test_random_sweep_cuda(spec, index):
     dtype, shape, layout, scale, seed = _sweep_case(index)
-    if dtype not in spec.dtypes:
-        pytest.skip(f"{spec.name} has no {dtype}")
+    _supports(spec, dtype)
     gen = torch.Generator().manual_seed(seed)
     inputs = spec.make_inputs(shape, dtype, "cuda", gen)
-    inputs = relayout_rows(spec, _scaled(spec, inputs, scale), layout)
+    inputs = relayout_rows(spec, scaled(spec, inputs, scale), layout)
     try:
         check_against_reference(spec, inputs, gen)
     except AssertionError as e:
@@ -660,35 +580,83 @@ def test_random_sweep_cuda(spec, index):
 
 
 # =============================================================================
-# Determinism
+# Determinism and CPU threads
 # =============================================================================
+
+
+def _opsmith_num_threads():
+    lib = ctypes.CDLL(opsmith.library_path())
+    if not hasattr(lib, "opsmith_get_num_threads"):
+        pytest.skip("the library does not export opsmith_get_num_threads (older C ABI)")
+    fn = lib.opsmith_get_num_threads
+    fn.restype, fn.argtypes = ctypes.c_int, []
+    return fn
 
 
 @pytest.mark.parametrize("n", [1000, 999])  # vector path and scalar path on CUDA
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
-@pytest.mark.parametrize("spec", OP_PARAMS)
+@pytest.mark.parametrize("spec", op_params())
 def test_deterministic(spec, device, dtype, n):
     # 3000 rows: a weight gradient reduced with atomics or in thread-count
     # dependent order would differ between runs. On the CPU the runs also
-    # change the OpenMP thread count (torch.set_num_threads reaches the one
-    # OpenMP runtime both use): the result must not depend on it.
+    # change the thread count (torch.set_num_threads; opsmith's CPU launcher
+    # takes at::get_num_threads(), checked below): the result must not depend on it.
     gen = generator()
     inputs = spec.make_inputs((3000, n), dtype, device, gen)
-    dy = randn_like_out(spec, inputs, gen)
+    dys = dys_for(spec, inputs, gen)
     original = torch.get_num_threads()
     threads = [original, 1, 3] if device == "cpu" else [original] * 3
+    get_threads = _opsmith_num_threads() if device == "cpu" and spec.native else None
     runs = []
     try:
         for t in threads:
             torch.set_num_threads(t)
-            out, grads = run_op(spec.call, spec, inputs, dy)
-            runs.append([out] + [grads[k] for k in spec.grad_inputs])
+            outs, grads = run_op(spec.call, spec, inputs, dys)
+            if get_threads is not None:
+                assert get_threads() == t, f"torch.set_num_threads({t}) did not reach opsmith: {get_threads()}"
+            runs.append(outs + sorted(grads.items()))
     finally:
         torch.set_num_threads(original)
-    names = ["out"] + [f"grad {k}" for k in spec.grad_inputs]
     for i, run in enumerate(runs[1:], start=1):
-        for a, b, what in zip(runs[0], run, names):
+        for (what, a), (_, b) in zip(runs[0], run):
             assert_bitwise_equal(a, b, f"{what}, run 0 vs run {i} (threads {threads[0]} vs {threads[i]})")
+
+
+def _openmp_runtimes():
+    with open("/proc/self/maps") as f:
+        paths = {line.split()[-1] for line in f if "/" in line}
+    names = {}
+    for p in paths:
+        base = p.rsplit("/", 1)[-1]
+        for kind in ("libgomp", "libiomp", "libomp"):
+            if base.startswith(kind + ".") or base.startswith(kind + "-") or base.startswith(kind + "5"):
+                names.setdefault(kind, set()).add(p)
+    return names
+
+
+@pytest.mark.skipif(not torch.backends.openmp.is_available(), reason="torch built without OpenMP")
+def test_openmp_runtimes_and_threads(record_property):
+    # Which OpenMP runtimes this process has loaded: torch's own and the one
+    # opsmith's C library was linked with may differ (libgomp vs libomp /
+    # libiomp). Whatever is loaded, the thread count opsmith's CPU kernels
+    # use must follow torch.set_num_threads, because the bridge passes it on
+    # explicitly rather than relying on a shared runtime.
+    x = torch.randn(64, 300)
+    opsmith.rms_norm(x, None, 1e-6)
+    runtimes = _openmp_runtimes()
+    record_property("openmp_runtimes", {k: sorted(v) for k, v in runtimes.items()})
+    assert runtimes, "torch reports OpenMP, yet no OpenMP runtime is mapped"
+    get_threads = _opsmith_num_threads()
+    original = torch.get_num_threads()
+    try:
+        for t in (1, 2, 3):
+            torch.set_num_threads(t)
+            opsmith.rms_norm(x, None, 1e-6)
+            assert get_threads() == t, (
+                f"with OpenMP runtimes {sorted(runtimes)} loaded, torch.set_num_threads({t}) "
+                f"gave opsmith {get_threads()} threads")
+    finally:
+        torch.set_num_threads(original)
 
 
 # =============================================================================
@@ -696,34 +664,49 @@ def test_deterministic(spec, device, dtype, n):
 # =============================================================================
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16], ids=dtype_id)
-@pytest.mark.parametrize("spec", OP_PARAMS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("spec", op_params(ROUTE_A))
 def test_route_a_equals_route_b(spec, device, dtype):
     # Both routes call the same bridge and kernels: identical bits, forward
-    # and every gradient.
+    # and every gradient, contiguous and transposed row inputs.
     gen = generator()
-    inputs = spec.make_inputs((64, 769), dtype, device, gen)
-    dy = randn_like_out(spec, inputs, gen)
-    out_b, grads_b = run_op(spec.call, spec, inputs, dy)
-    out_a, grads_a = run_op(spec.call_pybind, spec, inputs, dy)
-    assert_bitwise_equal(out_a, out_b, "out")
-    for k in spec.grad_inputs:
-        assert_bitwise_equal(grads_a[k], grads_b[k], f"grad {k}")
+    for layout in ("contiguous", "transposed"):
+        inputs = relayout_rows(spec, spec.make_inputs((64, 769), dtype, device, gen), layout)
+        dys = dys_for(spec, inputs, gen)
+        outs_b, grads_b = run_op(spec.call, spec, inputs, dys)
+        outs_a, grads_a = run_op(spec.call_pybind, spec, inputs, dys)
+        for (k, a), (_, b) in zip(outs_a, outs_b):
+            assert_bitwise_equal(a, b, f"{layout} {k}")
+        assert set(grads_a) == set(grads_b) == set(spec.grad_inputs)
+        for k in grads_b:
+            assert_bitwise_equal(grads_a[k], grads_b[k], f"{layout} grad {k}")
+
+
+@pytest.mark.parametrize("spec", op_params(ROUTE_A))
+def test_route_a_against_reference(spec, device):
+    # route A against the float64 reference, not only against route B
+    check_against_reference(spec, spec.make_inputs((6, 300), torch.float32, device, generator()),
+                            generator(), fn=spec.call_pybind)
 
 
 # =============================================================================
-# The documentation of this file
+# The documentation of these harnesses
 # =============================================================================
 
 
-def test_docs_match_the_harness():
-    # docs/reliability.md tabulates every hostile case, and every test it
-    # names exists here.
-    text = DOCS.read_text()
-    for spec in OPS:
-        for case in spec.hostile:
-            assert f"`{case.name}`" in text, f"docs/reliability.md does not list hostile case {case.name!r}"
+def test_docs_table_is_generated():
+    # the hostile-input table of docs/reliability.md is what
+    # `python -m opsmith.specs --docs` writes from the specs
+    text = opsmith.specs.DOCS.read_text()
+    assert text == opsmith.specs.render_docs(text), (
+        "docs/reliability.md's table is not the generated one: run `python -m opsmith.specs --docs`")
+
+
+def test_docs_name_existing_tests():
+    import test_integration
+    text = opsmith.specs.DOCS.read_text()
     named = set(re.findall(r"`(test_\w+)(?![\w.])", text))  # not `test_x.py`
     assert named, "docs/reliability.md names no tests"
-    missing = sorted(n for n in named if n not in globals())
+    known = set(globals()) | set(vars(test_integration))
+    missing = sorted(n for n in named if n not in known)
     assert not missing, f"docs/reliability.md names tests that do not exist: {missing}"

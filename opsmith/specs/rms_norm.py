@@ -1,89 +1,12 @@
-"""Every operator the reliability harnesses (tests/test_reliability.py) run
-over, one OpSpec each. A new operator joins all of them -- CUDA graphs,
-streams, shapes and layouts, hostile inputs, property tests, determinism,
-route A vs route B -- by appending one OpSpec to OPS.
-
-Conventions an OpSpec follows, so the harnesses need no op-specific code:
-
-* ``make_inputs(shape, dtype, device, generator)`` returns a dict of
-  contiguous tensors; ``shape`` is the shape of the row inputs (``*, n``).
-  It may also hold non-tensor arguments (such as ``eps``); hostile cases use
-  that to pass them.
-* The inputs named in ``row_inputs`` carry the rows in their leading
-  dimensions; every other tensor input is shared by all rows (e.g. a
-  weight of shape (n,)). The output has the shape of the row inputs, and row
-  i of the output depends only on row i of the row inputs and on the shared
-  inputs. The huge-tensor test relies on that to check a problem too large
-  for one float64 reference chunk by chunk.
-* ``reference`` is differentiable: the harnesses take float64 gradients of
-  it with torch.autograd.
-"""
-from __future__ import annotations
-
+"""The op spec of RMSNorm: how every harness (reliability tests, sanitizer,
+benchmark, docs/reliability.md's table) reaches torch.ops.opsmith.rms_norm_*."""
 import math
-from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
 
-import opsmith
-import opsmith.nn
-import opsmith.pybind
-
-Inputs = Dict[str, Any]
-
-DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
-
-
-@dataclass(frozen=True)
-class Hostile:
-    """One hostile input: how to build it, and what the op must do with it.
-
-    With ``raises`` set, every route must raise RuntimeError whose message
-    matches it (re.search). Otherwise the op must return, with the same
-    NaN/+Inf/-Inf pattern as ``OpSpec.torch_equivalent`` on the same input and
-    its finite values close to it; ``check`` adds op-specific assertions.
-    ``does`` is the one-line description docs/reliability.md repeats."""
-
-    name: str
-    make: Callable[[str, torch.Generator], Inputs]
-    does: str
-    raises: Optional[str] = None
-    check: Optional[Callable[["OpSpec", Inputs, torch.Tensor], None]] = None
-    cuda_only: bool = False  # needs a GPU beside the CPU (mixed-device cases)
-
-
-@dataclass(frozen=True)
-class OpSpec:
-    name: str
-    make_inputs: Callable[[Sequence[int], torch.dtype, Any, torch.Generator], Inputs]
-    grad_inputs: Tuple[str, ...]
-    row_inputs: Tuple[str, ...]
-    call: Callable[[Inputs], torch.Tensor]  # route B (torch.library op)
-    call_pybind: Callable[[Inputs], torch.Tensor]  # route A (pybind11 + autograd.Function)
-    # float64 result from the inputs upcast to float64. `dtype` is the dtype
-    # the op ran in, for defaults that depend on it, when the tensors passed
-    # are already float64 copies.
-    reference: Callable[..., torch.Tensor]
-    # PyTorch's own op on the same values in float32 on the CPU: the NaN/Inf
-    # behaviour hostile inputs must reproduce.
-    torch_equivalent: Callable[[Inputs], torch.Tensor]
-    # max|out - ref| <= tolerance(dtype) * max(1, max|ref|)
-    tolerance: Callable[[torch.dtype], float]
-    # gradients of shared inputs sum over rows: their rounding grows a little
-    grad_slack: float = 4.0
-    dtypes: Tuple[torch.dtype, ...] = DTYPES
-    # the op as a module of width n (for the torch.compile training test)
-    make_module: Optional[Callable[[int], torch.nn.Module]] = None
-    hostile: Tuple[Hostile, ...] = field(default_factory=tuple)
-
-
-def tensors(inputs: Inputs) -> Dict[str, torch.Tensor]:
-    return {k: v for k, v in inputs.items() if isinstance(v, torch.Tensor)}
-
-
-# --- RMSNorm -----------------------------------------------------------------
+from ..ops.rms_norm import RMSNorm, rms_norm, rms_norm_pybind
+from . import SUPPORTED, BenchSpec, DocRow, Hostile, OpSpec, compiled, randn
 
 _RMS_TOL = {
     torch.float64: 1e-10,
@@ -93,33 +16,36 @@ _RMS_TOL = {
 }
 
 
-def _randn(shape, generator, dtype, device):
-    # Drawn in float32 on the generator's device, then rounded: every dtype
-    # and device sees the same kind of values for one seed.
-    v = torch.randn(tuple(shape), generator=generator, device=generator.device, dtype=torch.float32)
-    return v.to(device=device, dtype=dtype)
-
-
 def _rms_make_inputs(shape, dtype, device, generator):
     shape = tuple(shape)
     n = shape[-1]
-    x = _randn(shape, generator, torch.float32, generator.device)
+    x = randn(shape, generator, torch.float32, generator.device)
     if n == 1:
         # One element a row: dx = g*w*inv_rms*eps/(x^2+eps) is ~0 and found by
         # cancellation, with an absolute error ~u*inv_rms; |x| >= 0.5 bounds it.
         x = torch.where(x < 0, x - 0.5, x + 0.5)
     return {
         "x": x.to(device=device, dtype=dtype),
-        "weight": _randn((n,), generator, dtype, device),
+        "weight": randn((n,), generator, dtype, device),
     }
 
 
 def _rms_call(inputs):
-    return opsmith.rms_norm(inputs["x"], inputs.get("weight"), inputs.get("eps"))
+    return rms_norm(inputs["x"], inputs.get("weight"), inputs.get("eps"))
 
 
 def _rms_call_pybind(inputs):
-    return opsmith.pybind.rms_norm(inputs["x"], inputs.get("weight"), inputs.get("eps"))
+    return rms_norm_pybind(inputs["x"], inputs.get("weight"), inputs.get("eps"))
+
+
+def _rms_opcheck(inputs):
+    # both dispatcher ops; requires_grad inputs make opcheck test the autograd registration too
+    x, w, eps = inputs["x"], inputs.get("weight"), inputs.get("eps")
+    _, inv_rms = torch.ops.opsmith.rms_norm_fwd(x.detach(), None if w is None else w.detach(), eps)
+    dy = torch.randn_like(x.detach())
+    return [(torch.ops.opsmith.rms_norm_fwd.default, (x, w, eps)),
+            (torch.ops.opsmith.rms_norm_bwd.default,
+             (dy, x.detach(), None if w is None else w.detach(), inv_rms))]
 
 
 def _rms_eps(inputs, dtype):
@@ -248,80 +174,195 @@ def _check_underflow(spec, inputs, out):
 _RMS_HOSTILE = (
     Hostile("nan_in_x", lambda d, g: _edited(d, g, _set(((1, 5), math.nan))),
             "NaN across that row (forward), NaN dx for that row only (backward); other rows unaffected",
+            input="one NaN in row 1",
             check=_check_nan_row),
     Hostile("inf_in_x", lambda d, g: _edited(d, g, _set(((2, 3), math.inf), ((0, 0), -math.inf))),
-            "in a row holding +-Inf, 1/rms = 0: the Inf element gives NaN (inf*0), the rest of the row 0",
+            "in a row holding ±Inf, 1/rms = 0: the Inf element gives NaN (inf·0), the rest of the row 0; other rows unaffected",
+            input="+Inf in row 2, -Inf in row 0",
             check=_check_inf_row),
     Hostile("nan_in_weight",
             lambda d, g: _edited(d, g, weight_edit=_set((7, math.nan))),
             "NaN in that column of every row; other columns finite",
+            input="one NaN weight",
             check=_check_nan_weight),
     Hostile("eps_zero_nonzero_rows", lambda d, g: _rms_base(d, g, eps=0.0),
             "works: finite, matches the float64 reference with eps = 0",
+            input="eps = 0",
             check=_check_matches_reference),
     Hostile("eps_zero_all_zero_row", lambda d, g: _edited(d, g, _set((2, 0.0)), eps=0.0),
-            "NaN across the all-zero row (0 * 1/sqrt(0)), like F.rms_norm; other rows finite",
+            "NaN across the all-zero row (0 · 1/sqrt(0)), as F.rms_norm gives; other rows finite",
+            input="eps = 0 and an all-zero row",
             check=_check_zero_row_nan),
     Hostile("default_eps_all_zero_row", lambda d, g: _edited(d, g, _set((2, 0.0))),
             "zeros in that row (eps keeps 1/rms finite); other rows match the reference",
+            input="an all-zero row, eps None",
             check=_check_zero_row_zeros),
     Hostile("squares_overflow_float32", lambda d, g: _edited(d, g, lambda x: x.mul_(1e20)),
-            "all zeros: the float32 sum of squares overflows to inf, 1/rms = 0 (F.rms_norm in float32 does the same)",
+            "all zeros: the float32 sum of squares overflows to inf, so 1/rms = 0. F.rms_norm in float32 does the same; the float64 answer would be finite (a limit of float32 accumulation, not a crash)",
+            input="float32 x of magnitude ~1e20",
             check=_check_overflow),
     Hostile("squares_underflow_eps_zero",
             lambda d, g: _edited(d, g, _set((0, 1e-30)), eps=0.0),
-            "+-Inf across that row: its squares underflow to 0, 1/rms = inf (F.rms_norm does the same)",
+            "±Inf across that row: its squares underflow to 0, 1/rms = inf (F.rms_norm does the same)",
+            input="a row of 1e-30, eps = 0",
             check=_check_underflow),
     Hostile("negative_eps", lambda d, g: _rms_base(d, g, eps=-1e-3),
-            "RuntimeError `rms_norm: eps must be a finite number >= 0, got -0.001`",
+            "`rms_norm: eps must be a finite number >= 0, got -0.001`",
+            input="eps = -1e-3",
             raises=r"^rms_norm: eps must be a finite number >= 0"),
     Hostile("nan_eps", lambda d, g: _rms_base(d, g, eps=math.nan),
-            "RuntimeError `rms_norm: eps must be a finite number >= 0, got nan`",
+            "`rms_norm: eps must be a finite number >= 0, got nan`",
+            input="eps = NaN",
             raises=r"^rms_norm: eps must be a finite number >= 0"),
     Hostile("inf_eps", lambda d, g: _rms_base(d, g, eps=math.inf),
-            "RuntimeError `rms_norm: eps must be a finite number >= 0, got inf`",
+            "`rms_norm: eps must be a finite number >= 0, got inf`",
+            input="eps = Inf",
             raises=r"^rms_norm: eps must be a finite number >= 0"),
     Hostile("integer_x",
             lambda d, g: {"x": torch.randint(-5, 5, (4, 8), generator=g, dtype=torch.int32).to(d)},
-            "RuntimeError `rms_norm: x must be float64, float32, float16 or bfloat16, got Int`",
+            "`rms_norm: x must be float64, float32, float16 or bfloat16, got Int`",
+            input="int32 x",
             raises=r"^rms_norm: x must be float64, float32, float16 or bfloat16, got Int"),
     Hostile("complex_x",
             lambda d, g: {"x": torch.randn(4, 8, generator=g, dtype=torch.complex64).to(d)},
-            "RuntimeError `rms_norm: x must be float64, float32, float16 or bfloat16, got ComplexFloat`",
+            "`rms_norm: x must be float64, float32, float16 or bfloat16, got ComplexFloat`",
+            input="complex64 x",
             raises=r"^rms_norm: x must be float64, float32, float16 or bfloat16"),
     Hostile("weight_dtype_differs", lambda d, g: _cast_weight(_rms_base(d, g), torch.float64),
-            "RuntimeError `rms_norm: weight must have the same dtype as x (Float), got Double`",
+            "`rms_norm: weight must have the same dtype as x (Float), got Double`",
+            input="float32 x, float64 weight",
             raises=r"^rms_norm: weight must have the same dtype as x \(Float\), got Double"),
     Hostile("weight_wrong_shape", lambda d, g: {**_rms_base(d, g), "weight": torch.ones(38, device=d)},
-            "RuntimeError `rms_norm: weight must have shape [37] (last dim of x), got [38]`",
+            "`rms_norm: weight must have shape [37] (last dim of x), got [38]`",
+            input="weight of 38 for x of width 37",
             raises=r"^rms_norm: weight must have shape \[37\]"),
     Hostile("zero_dim_x", lambda d, g: {"x": torch.tensor(1.5, device=d)},
-            "RuntimeError `rms_norm: x must have at least 1 dimension, got a 0-dim tensor`",
+            "`rms_norm: x must have at least 1 dimension, got a 0-dim tensor`",
+            input="0-dim x",
             raises=r"^rms_norm: x must have at least 1 dimension"),
     Hostile("empty_last_dim", lambda d, g: {"x": torch.empty(4, 0, device=d)},
-            "RuntimeError `rms_norm: x must have a non-empty last dimension, got shape [4, 0]`",
+            "`rms_norm: x must have a non-empty last dimension, got shape [4, 0]`",
+            input="x of shape (4, 0)",
             raises=r"^rms_norm: x must have a non-empty last dimension"),
     Hostile("weight_on_cpu_x_on_cuda", lambda d, g: _move_weight(_rms_base("cuda", g), "cpu"),
-            "RuntimeError `rms_norm: weight must be on the same device as x (cuda:0), got cpu`",
+            "`rms_norm: weight must be on the same device as x (cuda:0), got cpu`",
+            input="weight on the CPU, x on CUDA",
             raises=r"^rms_norm: weight must be on the same device as x", cuda_only=True),
     Hostile("weight_on_cuda_x_on_cpu", lambda d, g: _move_weight(_rms_base("cpu", g), "cuda"),
-            "RuntimeError `rms_norm: weight must be on the same device as x (cpu), got cuda:0`",
+            "`rms_norm: weight must be on the same device as x (cpu), got cuda:0`: the dispatcher picks the CUDA kernel for the CUDA weight, which refuses the host x",
+            input="weight on CUDA, x on the CPU",
             raises=r"^rms_norm: weight must be on the same device as x", cuda_only=True),
 )
 
 
-RMS_NORM = OpSpec(
+# --- benchmark -----------------------------------------------------------------------
+
+def _bench_inputs(rows, n, dtype, device):
+    return {
+        "x": torch.randn(rows, n, dtype=dtype, device=device),
+        "w": (1 + 0.1 * torch.randn(n, device=device)).to(dtype),
+        "dy": torch.randn(rows, n, dtype=dtype, device=device),
+    }
+
+
+def _llama_rms_norm(x, w, eps=1e-6):
+    # Hugging Face LlamaRMSNorm.forward: upcast to float32, normalise, cast back, scale
+    dtype = x.dtype
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return w * h.to(dtype)
+
+
+def _liger_rms_norm_factory(n, dtype, device):
+    from liger_kernel.transformers.rms_norm import LigerRMSNorm
+    module = LigerRMSNorm(n, eps=1e-6).to(device=device, dtype=dtype)
+    return lambda x, w: module(x)  # module holds its own weight, same shape
+
+
+def _host_calls(device):
+    x = torch.randn(4, 256, device=device, dtype=torch.bfloat16)
+    w = torch.ones(256, device=device, dtype=torch.bfloat16)
+    xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
+    return {
+        "opsmith.rms_norm": lambda: rms_norm(x, w, 1e-6),
+        "opsmith.rms_norm (requires_grad)": lambda: rms_norm(xg, wg, 1e-6),
+        "torch.ops.opsmith.rms_norm_fwd": lambda: torch.ops.opsmith.rms_norm_fwd(x, w, 1e-6),
+        "opsmith.pybind.rms_norm": lambda: rms_norm_pybind(x, w, 1e-6),
+        "opsmith.pybind.rms_norm (requires_grad)": lambda: rms_norm_pybind(xg, wg, 1e-6),
+        "F.rms_norm": lambda: F.rms_norm(x, (256,), w, 1e-6),
+        "F.rms_norm (requires_grad)": lambda: F.rms_norm(xg, (256,), wg, 1e-6),
+    }
+
+
+_BENCH = BenchSpec(
+    make_inputs=_bench_inputs,
+    grad_inputs=["x", "w"],
+    providers={
+        "opsmith": lambda n, dt, dev: lambda x, w: rms_norm(x, w, 1e-6),
+        "opsmith_pybind": lambda n, dt, dev: lambda x, w: rms_norm_pybind(x, w, 1e-6),
+        "torch_F": lambda n, dt, dev: lambda x, w: F.rms_norm(x, (n,), w, 1e-6),
+        "torch_hf_llama": lambda n, dt, dev: _llama_rms_norm,
+        "torch_compile_F": lambda n, dt, dev: compiled(
+            ("F", n), lambda x, w: F.rms_norm(x, (x.shape[-1],), w, 1e-6)),
+        "torch_compile_hf_llama": lambda n, dt, dev: compiled(("hf", n), _llama_rms_norm),
+        "liger": _liger_rms_norm_factory,
+    },
+    # forward: read x, w; write y. backward: read dy, x, w; write dx, dw.
+    fwd_bytes=lambda rows, n, s: (2 * rows * n + n) * s,
+    fwdbwd_bytes=lambda rows, n, s: (2 * rows * n + n) * s + (3 * rows * n + 2 * n) * s,
+    hidden_sizes=[512, 1024, 2048, 4096, 8192, 16384, 32768, 65536],
+    row_counts=[1, 16, 64, 1024, 4096, 16384, 65536, 262144],
+    quick_shapes=[(4096, 4096), (16384, 4096), (4096, 8192), (65536, 1024), (2048, 32768),
+                  (512, 65536), (16, 4096), (1, 8192)],
+    host_calls=_host_calls,
+)
+
+
+# --- behaviour the generic harnesses check, as docs/reliability.md states it ----------------
+
+_DOC_ROWS = (
+    DocRow("zero rows: x of shape (0, n) or (3, 0, n)",
+           "empty output and dx of x's shape; the weight gradient is zeros (an empty sum, not uninitialised memory)",
+           "`test_zero_rows`"),
+    DocRow("one row: (1, 257), 1-D (257,), (1, 1)", "matches the reference, forward and backward", "`test_one_row`"),
+    DocRow("prime widths 7, 13, 127, 8191", "matches the reference (the scalar tail of every loop runs)",
+           "`test_prime_widths`"),
+    DocRow("a row of 100003 elements", "matches the reference on CPU and CUDA", "`test_row_wider_than_any_tile`"),
+    DocRow("transposed, sliced, every-other-row, expanded (stride-0 rows), storage-offset x and dy",
+           "matches the reference; no NaN from the NaN padding the views skip over", "`test_layouts`"),
+    DocRow("more than 2^31 elements: bf16 x of (2^21 + 3, 1024), CUDA with > 40 GB",
+           "every row of y and dx and the whole weight gradient match a chunked float64 reference",
+           "`test_more_than_2_31_elements`"),
+    DocRow("values ~1e-4 and ~1e4, any dtype and layout", "match the reference (property test)",
+           "`test_property_cpu`, `test_random_sweep_cuda`"),
+)
+
+
+SPEC = OpSpec(
     name="rms_norm",
     make_inputs=_rms_make_inputs,
-    grad_inputs=("x", "weight"),
-    row_inputs=("x",),
     call=_rms_call,
     call_pybind=_rms_call_pybind,
     reference=_rms_reference,
     torch_equivalent=_rms_torch_equivalent,
     tolerance=_RMS_TOL.__getitem__,
-    make_module=lambda n: opsmith.nn.RMSNorm(n),
+    outputs=("y",),
+    grad_inputs=("x", "weight"),
+    row_inputs=("x",),
+    opcheck=_rms_opcheck,
+    # the C++ autograd node's backward is not differentiable; route A's is
+    # @once_differentiable
+    double_backward=r"^rms_norm: double backward is not supported",
+    double_backward_pybind=r"trying to differentiate twice a function that was marked with @once_differentiable",
+    func_transforms={
+        "grad": SUPPORTED,
+        "vjp": SUPPORTED,
+        "jvp": r"^rms_norm: forward-mode AD is not supported",
+        "vmap": SUPPORTED,  # register_vmap in opsmith/ops/rms_norm.py
+    },
+    func_transforms_pybind=r"^opsmith\.pybind\.rms_norm: route A does not support torch\.func transforms",
+    make_module=lambda n: RMSNorm(n),
     hostile=_RMS_HOSTILE,
+    doc_rows=_DOC_ROWS,
+    bench=_BENCH,
 )
-
-OPS = [RMS_NORM]
