@@ -8,9 +8,10 @@ import torch
 
 import opsmith
 import opsmith.pybind
+from opsmith.specs.rms_norm import SPEC
 
 # max |out - ref| / max(1, max |ref|) allowed for each dtype (output rounding)
-TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+TOLERANCE = {dt: SPEC.tolerance(dt) for dt in SPEC.dtypes}
 
 
 def _fwd_bwd(fn, x, w, dy):
