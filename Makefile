@@ -24,37 +24,48 @@ CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 WITH_CUDA := $(if $(NVCC),1,0)
 
 CC := gcc
-CFLAGS := -std=c11 -O3 -fPIC -fopenmp -Wall -Wextra -Werror=implicit-function-declaration -Iinclude -Icsrc
+# hidden by default: only what include/ marks OPSMITH_API is exported
+CFLAGS := -std=c11 -O3 -fPIC -fopenmp -fvisibility=hidden -Wall -Wextra -Werror=implicit-function-declaration \
+          -Iinclude -Icsrc
 # sm_80 (A100) and sm_90 (H100/H200) machine code, plus sm_90 PTX for newer GPUs
 CUDA_ARCH := -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
              -gencode arch=compute_90,code=compute_90
-NVCCFLAGS := -O3 -std=c++17 -Xcompiler -fPIC -Xcompiler -Wall $(CUDA_ARCH) -Iinclude -Icsrc \
+NVCCFLAGS := -O3 -std=c++17 -Xcompiler -fPIC -Xcompiler -fvisibility=hidden -Xcompiler -Wall $(CUDA_ARCH) \
+             -Iinclude -Icsrc \
              --expt-relaxed-constexpr
 
-C_SRCS := csrc/core.c $(wildcard csrc/cpu/*.c) $(wildcard csrc/reference/*.c)
+# every op's files are found here: csrc/{reference,cpu,internal,no_cuda}/<op>.c, csrc/cuda/<op>.cu
+C_SRCS := csrc/core.c $(wildcard csrc/cpu/*.c) $(wildcard csrc/reference/*.c) $(wildcard csrc/internal/*.c)
 CU_SRCS := $(wildcard csrc/cuda/*.cu)
-HEADERS := include/opsmith.h $(wildcard csrc/*.h) $(wildcard csrc/cuda/*.cuh)
+NO_CUDA_SRCS := $(wildcard csrc/no_cuda/*.c)
+HEADERS := include/opsmith.h $(wildcard include/opsmith/*.h) $(wildcard csrc/*.h) $(wildcard csrc/internal/*.h) \
+           $(wildcard csrc/cuda/*.cuh)
 ifeq ($(WITH_CUDA),1)
 OBJS := $(C_SRCS:%.c=build/%.o) $(CU_SRCS:%.cu=build/%.o)
 CUDA_LINK := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart
 CUDA_TEST_FLAGS := -DOPSMITH_WITH_CUDA=1 -I$(CUDA_HOME)/include
 else
-OBJS := $(C_SRCS:%.c=build/%.o) build/csrc/no_cuda.o
+OBJS := $(C_SRCS:%.c=build/%.o) $(NO_CUDA_SRCS:%.c=build/%.o)
 endif
 LIB := build/libopsmith.a
+SO := build/libopsmith.so
+# switching between a CUDA and a CPU-only build (NVCC=) rebuilds every object
+CONFIG := build/config-cuda$(WITH_CUDA)
+$(CONFIG):
+	@mkdir -p build && rm -f build/config-cuda* && touch $@
 
-.PHONY: build lib ext kernel-bench ctest ctest-sanitize pytest test demo bench clean env
+.PHONY: build lib so ext kernel-bench ctest ctest-sanitize example check-exports pytest test demo bench clean env
 
 build: ext
 	@touch build/READY
 
 lib: $(LIB)
 
-build/%.o: %.c $(HEADERS)
+build/%.o: %.c $(HEADERS) $(CONFIG)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
-build/%.o: %.cu $(HEADERS)
+build/%.o: %.cu $(HEADERS) $(CONFIG)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
@@ -62,10 +73,33 @@ $(LIB): $(OBJS)
 	@rm -f $@
 	ar rcs $@ $^
 
+# the same objects as a shared library, for C programs (examples/c); linked
+# by g++: the CUDA objects need the C++ runtime
+so: $(SO)
+$(SO): $(OBJS)
+	g++ -shared $^ -fopenmp $(CUDA_LINK) -o $@
+
+# only the public ABI leaves the shared library: opsmith_* symbols, none of
+# them opsmith_internal_*
+check-exports: $(SO)
+	@bad=$$(nm -D --defined-only $(SO) | awk '$$2 ~ /^[TDBRVW]$$/ {print $$3}' | grep -Ev '^opsmith_' ; \
+	        nm -D --defined-only $(SO) | awk '{print $$3}' | grep '^opsmith_internal_'); \
+	if [ -n "$$bad" ]; then echo "exported but not public ABI:"; echo "$$bad"; exit 1; fi; \
+	echo "check-exports: $$(nm -D --defined-only $(SO) | grep -c ' opsmith_') opsmith_* symbols exported, nothing else"
+
+# examples/c: a plain C program over the public header and the shared library
+EXAMPLE_CUDA := $(if $(filter 1,$(WITH_CUDA)),-DOPSMITH_EXAMPLE_CUDA -I$(CUDA_HOME)/include)
+build/rms_norm_example: examples/c/rms_norm_example.c $(SO) include/opsmith.h $(wildcard include/opsmith/*.h)
+	$(CC) -std=c11 -O2 -Wall -Wextra -Iinclude $(EXAMPLE_CUDA) $< -Lbuild -lopsmith -Wl,-rpath,'$$ORIGIN' -lm \
+	    $(CUDA_LINK) -o $@
+
+example: build/rms_norm_example
+	./build/rms_norm_example
+
 # --- C tests: the kernels against the scalar reference, no Python ---------
 TEST_SRCS := $(wildcard tests/c/*.c)
 TEST_OBJS := $(TEST_SRCS:%.c=build/%.o)
-build/tests/c/%.o: tests/c/%.c $(wildcard tests/c/*.h) include/opsmith.h
+build/tests/c/%.o: tests/c/%.c $(wildcard tests/c/*.h) $(HEADERS) $(CONFIG)
 	@mkdir -p $(dir $@)
 	$(CC) -std=c11 -O2 -Wall -Wextra -Iinclude -Icsrc $(CUDA_TEST_FLAGS) -c $< -o $@
 
@@ -84,7 +118,7 @@ build/kernel_bench: bench/kernel_bench.c $(LIB)
 # The same C tests under AddressSanitizer + UndefinedBehaviorSanitizer, on a
 # CPU-only build of the library (the CUDA launchers are the stand-ins there).
 SAN_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer -g -O1
-SAN_SRCS := $(C_SRCS) csrc/no_cuda.c $(TEST_SRCS)
+SAN_SRCS := $(C_SRCS) $(NO_CUDA_SRCS) $(TEST_SRCS)
 build/test_c_sanitize: $(SAN_SRCS) $(HEADERS) $(wildcard tests/c/*.h)
 	@mkdir -p build
 	$(CC) -std=c11 -fopenmp -Wall -Wextra -Iinclude -Icsrc $(SAN_FLAGS) $(SAN_SRCS) -lm -o $@
@@ -105,14 +139,14 @@ env: $(PY_ENV)
 ext: build/ext.stamp
 
 # the stamp makes a second `make` with nothing changed a no-op
-build/ext.stamp: $(PY_ENV) $(LIB) setup.py $(wildcard csrc/torch/*)
+build/ext.stamp: $(PY_ENV) $(LIB) setup.py $(wildcard csrc/torch/*) include/opsmith.h $(wildcard include/opsmith/*.h)
 	OPSMITH_WITH_CUDA=$(WITH_CUDA) MAX_JOBS=$$(nproc) $(PYTHON) setup.py -q build_ext --inplace
 	@touch $@
 
 pytest: build
 	$(PYTHON) -m pytest -q tests
 
-test: ctest ctest-sanitize pytest
+test: ctest ctest-sanitize example check-exports pytest
 
 demo: build
 	$(PYTHON) -m opsmith demo

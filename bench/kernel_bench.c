@@ -89,10 +89,10 @@ static int fwd_step(void *p, int call)
 {
     struct rms_ctx *c = p;
     int s = call % c->sets;
-    opsmith_status st = opsmith_rms_norm_fwd_cuda(c->dt, c->rows, c->n, c->x[s], c->n, c->w, 1e-6, c->y,
+    opsmith_status st = opsmith_rms_norm_fwd_cuda(c->dt, c->rows, c->n, c->x[s], c->n, c->w, 1e-6, c->y, c->n,
                                                   c->inv, 0);
     if (st != OPSMITH_STATUS_SUCCESS)
-        fprintf(stderr, "forward: %s %s\n", opsmith_status_string(st), opsmith_last_cuda_error());
+        fprintf(stderr, "forward: %s %s\n", opsmith_status_string(st), opsmith_last_error());
     return st != OPSMITH_STATUS_SUCCESS;
 }
 
@@ -101,9 +101,9 @@ static int bwd_step(void *p, int call)
     struct rms_ctx *c = p;
     int s = call % c->sets;
     opsmith_status st = opsmith_rms_norm_bwd_cuda(c->dt, c->rows, c->n, c->dy[s], c->n, c->x[s], c->n, c->w,
-                                                  c->inv, c->dx, c->dw, c->ws, c->ws_bytes, 0);
+                                                  c->inv, c->dx, c->n, c->dw, c->ws, c->ws_bytes, 0);
     if (st != OPSMITH_STATUS_SUCCESS)
-        fprintf(stderr, "backward: %s %s\n", opsmith_status_string(st), opsmith_last_cuda_error());
+        fprintf(stderr, "backward: %s %s\n", opsmith_status_string(st), opsmith_last_error());
     return st != OPSMITH_STATUS_SUCCESS;
 }
 
@@ -139,11 +139,11 @@ static int bench_shape(opsmith_dtype dt, int64_t rows, int64_t n, double copy_gb
         if (fill(c.x[s], tensor, block, block_bytes) || fill(c.dy[s], tensor, block + es, block_bytes - es))
             return 1;
     }
-    c.ws_bytes = opsmith_rms_norm_bwd_cuda_workspace_size(dt, rows, n, 1);
     CUDA_TRY(cudaMalloc(&c.w, n * es));
     CUDA_TRY(cudaMalloc(&c.y, tensor));
     CUDA_TRY(cudaMalloc(&c.dx, tensor));
     CUDA_TRY(cudaMalloc(&c.dw, n * es));
+    c.ws_bytes = opsmith_rms_norm_bwd_cuda_workspace_size(dt, rows, n, c.dy[0], n, c.x[0], n, c.w, c.w, c.dx, n, c.dw);
     CUDA_TRY(cudaMalloc(&c.inv, rows * as));
     CUDA_TRY(cudaMalloc(&c.ws, c.ws_bytes ? c.ws_bytes : 16));
     if (fill(c.w, n * es, block, block_bytes))

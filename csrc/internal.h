@@ -1,31 +1,38 @@
 /* Declarations shared by the library's own translation units (C and CUDA),
- * not part of the public ABI. */
+ * not part of the public ABI: hidden from the shared library's symbol
+ * table. What one op's launchers share lives in csrc/internal/<op>.h. */
 #ifndef OPSMITH_INTERNAL_H
 #define OPSMITH_INTERNAL_H
 
 #include "opsmith.h"
 
+#if defined(__GNUC__)
+#define OPSMITH_INTERNAL __attribute__((visibility("hidden")))
+#define OPSMITH_PRINTF(fmt_index) __attribute__((format(printf, fmt_index, fmt_index + 1)))
+#else
+#define OPSMITH_INTERNAL
+#define OPSMITH_PRINTF(fmt_index)
+#endif
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* Remember the CUDA runtime's message for opsmith_last_cuda_error(). */
-void opsmith_internal_set_cuda_error(const char *message);
+/* Records the message opsmith_last_error() returns (printf-style) and
+ * returns `status`, so a validator can `return opsmith_internal_fail(...)`. */
+OPSMITH_INTERNAL opsmith_status opsmith_internal_fail(opsmith_status status, const char *fmt, ...)
+    OPSMITH_PRINTF(2);
+/* Empties opsmith_last_error(); every launcher's validator calls it first. */
+OPSMITH_INTERNAL void opsmith_internal_clear_error(void);
+/* Records the CUDA runtime's message for a failed launch. */
+OPSMITH_INTERNAL void opsmith_internal_set_cuda_error(const char *message);
 
-/* One validator per op, called by both its CPU and CUDA launchers.
- * Forward (backward = 0): dy and dweight are NULL and out is y. Backward:
- * dy is required and out is dx. */
-opsmith_status opsmith_internal_rms_norm_check(opsmith_dtype dtype, int64_t rows, int64_t n,
-                                               const void *x, int64_t x_row_stride, int backward,
-                                               const void *dy, int64_t dy_row_stride,
-                                               const void *weight, double eps, const void *out,
-                                               const void *inv_rms, const void *dweight);
+/* 1 when p is non-NULL and not a multiple of `alignment`. */
+OPSMITH_INTERNAL int opsmith_internal_misaligned(const void *p, size_t alignment);
 
-/* The CUDA kernel family ("resident", "staged", "generic") a contiguous,
- * aligned RMSNorm call of this shape takes on the current device, and the
- * CTAs that share a row (cluster size) in *ctas; for tests. CUDA builds only. */
-const char *opsmith_internal_rms_norm_cuda_plan(opsmith_dtype dtype, int64_t rows, int64_t n, int backward,
-                                                int *ctas);
+/* The workspace rules of opsmith.h for a launcher that needs `needed` bytes. */
+OPSMITH_INTERNAL opsmith_status opsmith_internal_check_workspace(const char *op, const void *workspace,
+                                                                 size_t workspace_bytes, size_t needed);
 
 #ifdef __cplusplus
 }

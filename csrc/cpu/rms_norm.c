@@ -1,36 +1,12 @@
 /* RMSNorm on the CPU: C11 + OpenMP over rows.
- * x, dy are (rows, n) addressed through a row stride; y, dx are (rows, n)
- * contiguous; weight, dweight are (n); inv_rms is (rows) in the accumulate
- * type (double for f64, float otherwise). */
+ * x, y, dy, dx are (rows, n) addressed through row strides; weight, dweight
+ * are (n); inv_rms is (rows) in the accumulate type (double for f64, float
+ * otherwise). Every loop reads an element before it writes the same
+ * element, so y = x and dx = dy (in place) compute what they would apart. */
 #include <math.h>
-#include <stdlib.h>
 
 #include "convert.h"
-#include "internal.h"
-
-static int misaligned(const void *p, size_t size) { return p && (uintptr_t)p % size != 0; }
-
-opsmith_status opsmith_internal_rms_norm_check(opsmith_dtype dtype, int64_t rows, int64_t n,
-                                               const void *x, int64_t x_row_stride, int backward,
-                                               const void *dy, int64_t dy_row_stride,
-                                               const void *weight, double eps, const void *out,
-                                               const void *inv_rms, const void *dweight) {
-    if ((unsigned)dtype >= OPSMITH_DTYPE_COUNT) return OPSMITH_STATUS_UNSUPPORTED_DTYPE;
-    if (rows < 0 || n < 1) return OPSMITH_STATUS_INVALID_ARGUMENT;
-    if (!(eps >= 0.0)) return OPSMITH_STATUS_INVALID_ARGUMENT; /* also rejects NaN */
-    if (rows == 0) return OPSMITH_STATUS_SUCCESS;
-    if (!x || !out || !inv_rms || (backward && !dy)) return OPSMITH_STATUS_INVALID_ARGUMENT;
-    /* rows may share storage (stride 0, as in an expanded tensor) only if
-     * there is one row; otherwise a row must not overlap the next */
-    if (x_row_stride < n && rows > 1) return OPSMITH_STATUS_INVALID_ARGUMENT;
-    if (dy && dy_row_stride < n && rows > 1) return OPSMITH_STATUS_INVALID_ARGUMENT;
-    const size_t size = opsmith_dtype_size(dtype);
-    const size_t acc_size = opsmith_dtype_size(opsmith_dtype_accumulate(dtype));
-    if (misaligned(x, size) || misaligned(dy, size) || misaligned(weight, size) ||
-        misaligned(out, size) || misaligned(dweight, size) || misaligned(inv_rms, acc_size))
-        return OPSMITH_STATUS_MISALIGNED;
-    return OPSMITH_STATUS_SUCCESS;
-}
+#include "internal/rms_norm.h"
 
 /* Each storage type gets its own forward and backward, stamped from one
  * template: T is the storage type, ACC the accumulate type, LOAD/STORE
@@ -43,10 +19,6 @@ opsmith_status opsmith_internal_rms_norm_check(opsmith_dtype dtype, int64_t rows
 #define STORE_F16(v) opsmith_f32_to_f16(v)
 #define LOAD_BF16(p) opsmith_bf16_to_f32(p)
 #define STORE_BF16(v) opsmith_f32_to_bf16(v)
-
-/* dweight partial sums go through a fixed number of row chunks, summed in
- * a fixed order, so the result does not depend on the thread count. */
-#define DWEIGHT_CHUNKS 64
 
 /* Row sums run block by block: inside a block of BLOCK elements, LANES
  * interleaved partial sums added pairwise; the block sums in LANES more.
@@ -81,11 +53,12 @@ opsmith_status opsmith_internal_rms_norm_check(opsmith_dtype dtype, int64_t rows
     static ACC sum_squares_##SUFFIX(const T *x, int64_t n) { return dot_##SUFFIX(x, x, NULL, n); } \
                                                                                                   \
     static void rms_norm_fwd_##SUFFIX(int64_t rows, int64_t n, const T *x, int64_t xs,            \
-                                      const T *w, ACC eps, T *y, ACC *inv_rms) {                   \
-        _Pragma("omp parallel for schedule(static)")                                              \
+                                      const T *w, ACC eps, T *y, int64_t ys, ACC *inv_rms,         \
+                                      int threads) {                                              \
+        _Pragma("omp parallel for schedule(static) num_threads(threads)")                         \
         for (int64_t r = 0; r < rows; r++) {                                                      \
             const T *xr = x + r * xs;                                                             \
-            T *yr = y + r * n;                                                                    \
+            T *yr = y + r * ys;                                                                   \
             ACC inv = (ACC)1 / sqrt(sum_squares_##SUFFIX(xr, n) / (ACC)n + eps);                  \
             inv_rms[r] = inv;                                                                     \
             if (w)                                                                                \
@@ -98,10 +71,10 @@ opsmith_status opsmith_internal_rms_norm_check(opsmith_dtype dtype, int64_t rows
     /* dx for rows [r0, r1); adds dy * x * inv_rms into partial when it is non-NULL */             \
     static void rms_norm_bwd_rows_##SUFFIX(int64_t r0, int64_t r1, int64_t n, const T *dy,        \
                                            int64_t dys, const T *x, int64_t xs, const T *w,        \
-                                           const ACC *inv_rms, T *dx, ACC *partial) {              \
+                                           const ACC *inv_rms, T *dx, int64_t dxs, ACC *partial) { \
         for (int64_t r = r0; r < r1; r++) {                                                       \
             const T *xr = x + r * xs, *dyr = dy + r * dys;                                        \
-            T *dxr = dx + r * n;                                                                  \
+            T *dxr = dx + r * dxs;                                                                \
             ACC inv = inv_rms[r];                                                                 \
             ACC scale = inv * inv * inv * dot_##SUFFIX(dyr, xr, w, n) / (ACC)n;                   \
             for (int64_t i = 0; i < n; i++) {                                                     \
@@ -113,31 +86,31 @@ opsmith_status opsmith_internal_rms_norm_check(opsmith_dtype dtype, int64_t rows
         }                                                                                         \
     }                                                                                             \
                                                                                                   \
-    static opsmith_status rms_norm_bwd_##SUFFIX(int64_t rows, int64_t n, const T *dy,             \
-                                                int64_t dys, const T *x, int64_t xs, const T *w,   \
-                                                const ACC *inv_rms, T *dx, T *dw) {                \
+    /* partial is the workspace: (chunks, n) sums, zeroed here */                                 \
+    static void rms_norm_bwd_##SUFFIX(int64_t rows, int64_t n, const T *dy, int64_t dys,          \
+                                      const T *x, int64_t xs, const T *w, const ACC *inv_rms,      \
+                                      T *dx, int64_t dxs, T *dw, ACC *partial, int threads) {      \
         if (!dw) {                                                                                \
-            _Pragma("omp parallel for schedule(static)")                                          \
+            _Pragma("omp parallel for schedule(static) num_threads(threads)")                     \
             for (int64_t r = 0; r < rows; r++)                                                    \
-                rms_norm_bwd_rows_##SUFFIX(r, r + 1, n, dy, dys, x, xs, w, inv_rms, dx, NULL);     \
-            return OPSMITH_STATUS_SUCCESS;                                                        \
+                rms_norm_bwd_rows_##SUFFIX(r, r + 1, n, dy, dys, x, xs, w, inv_rms, dx, dxs, NULL);\
+            return;                                                                               \
         }                                                                                         \
-        int64_t chunks = rows < DWEIGHT_CHUNKS ? rows : DWEIGHT_CHUNKS;                           \
-        if (chunks == 0) chunks = 1;                                                              \
-        ACC *partial = calloc((size_t)(chunks * n), sizeof(ACC));                                 \
-        if (!partial) return OPSMITH_STATUS_OUT_OF_MEMORY;                                        \
-        _Pragma("omp parallel for schedule(static)")                                              \
-        for (int64_t c = 0; c < chunks; c++)                                                      \
+        const int64_t chunks = rows < OPSMITH_RMS_NORM_CPU_DWEIGHT_CHUNKS                          \
+                                   ? rows : OPSMITH_RMS_NORM_CPU_DWEIGHT_CHUNKS;                   \
+        _Pragma("omp parallel for schedule(static) num_threads(threads)")                         \
+        for (int64_t c = 0; c < chunks; c++) {                                                    \
+            ACC *pc = partial + c * n;                                                            \
+            for (int64_t i = 0; i < n; i++) pc[i] = 0;                                            \
             rms_norm_bwd_rows_##SUFFIX(rows * c / chunks, rows * (c + 1) / chunks, n, dy, dys, x,  \
-                                       xs, w, inv_rms, dx, partial + c * n);                      \
-        _Pragma("omp parallel for schedule(static)")                                              \
+                                       xs, w, inv_rms, dx, dxs, pc);                              \
+        }                                                                                         \
+        _Pragma("omp parallel for schedule(static) num_threads(threads)")                         \
         for (int64_t i = 0; i < n; i++) {                                                         \
             ACC s = 0;                                                                            \
             for (int64_t c = 0; c < chunks; c++) s += partial[c * n + i];                         \
             dw[i] = STORE(s);                                                                     \
         }                                                                                         \
-        free(partial);                                                                            \
-        return OPSMITH_STATUS_SUCCESS;                                                            \
     }
 
 DEFINE_RMS_NORM(f64, double, double, LOAD_F64, STORE_F64)
@@ -145,48 +118,58 @@ DEFINE_RMS_NORM(f32, float, float, LOAD_F32, STORE_F32)
 DEFINE_RMS_NORM(f16, uint16_t, float, LOAD_F16, STORE_F16)
 DEFINE_RMS_NORM(bf16, uint16_t, float, LOAD_BF16, STORE_BF16)
 
-opsmith_status opsmith_rms_norm_fwd_cpu(opsmith_dtype dtype, int64_t rows, int64_t n,
-                                        const void *x, int64_t x_row_stride,
-                                        const void *weight, double eps,
-                                        void *y, void *inv_rms) {
-    opsmith_status s = opsmith_internal_rms_norm_check(dtype, rows, n, x, x_row_stride, 0, NULL, 0,
-                                                       weight, eps, y, inv_rms, NULL);
+opsmith_status opsmith_rms_norm_fwd_cpu(opsmith_dtype dtype, int64_t rows, int64_t n, const void *x,
+                                        int64_t x_row_stride, const void *weight, double eps, void *y,
+                                        int64_t y_row_stride, void *inv_rms) {
+    opsmith_status s = opsmith_internal_rms_norm_check("rms_norm_fwd_cpu", dtype, rows, n, x, x_row_stride, 0, NULL, 0,
+                                                       weight, eps, y, y_row_stride, inv_rms, NULL);
     if (s != OPSMITH_STATUS_SUCCESS || rows == 0) return s;
+    const int t = opsmith_get_num_threads();
+    const int64_t xs = x_row_stride, ys = y_row_stride;
     switch (dtype) {
-    case OPSMITH_DTYPE_F64: rms_norm_fwd_f64(rows, n, x, x_row_stride, weight, eps, y, inv_rms); break;
-    case OPSMITH_DTYPE_F32: rms_norm_fwd_f32(rows, n, x, x_row_stride, weight, (float)eps, y, inv_rms); break;
-    case OPSMITH_DTYPE_F16: rms_norm_fwd_f16(rows, n, x, x_row_stride, weight, (float)eps, y, inv_rms); break;
-    case OPSMITH_DTYPE_BF16: rms_norm_fwd_bf16(rows, n, x, x_row_stride, weight, (float)eps, y, inv_rms); break;
+    case OPSMITH_DTYPE_F64: rms_norm_fwd_f64(rows, n, x, xs, weight, eps, y, ys, inv_rms, t); break;
+    case OPSMITH_DTYPE_F32: rms_norm_fwd_f32(rows, n, x, xs, weight, (float)eps, y, ys, inv_rms, t); break;
+    case OPSMITH_DTYPE_F16: rms_norm_fwd_f16(rows, n, x, xs, weight, (float)eps, y, ys, inv_rms, t); break;
+    case OPSMITH_DTYPE_BF16: rms_norm_fwd_bf16(rows, n, x, xs, weight, (float)eps, y, ys, inv_rms, t); break;
     default: return OPSMITH_STATUS_UNSUPPORTED_DTYPE;
     }
     return OPSMITH_STATUS_SUCCESS;
 }
 
-opsmith_status opsmith_rms_norm_bwd_cpu(opsmith_dtype dtype, int64_t rows, int64_t n,
-                                        const void *dy, int64_t dy_row_stride,
-                                        const void *x, int64_t x_row_stride,
-                                        const void *weight, const void *inv_rms,
-                                        void *dx, void *dweight) {
-    opsmith_status s = opsmith_internal_rms_norm_check(dtype, rows, n, x, x_row_stride, 1, dy,
-                                                       dy_row_stride, weight, 0.0, dx, inv_rms,
-                                                       weight ? dweight : NULL);
-    if (s != OPSMITH_STATUS_SUCCESS) return s;
+size_t opsmith_rms_norm_bwd_cpu_workspace_size(opsmith_dtype dtype, int64_t rows, int64_t n, const void *dy,
+                                               int64_t dy_row_stride, const void *x, int64_t x_row_stride,
+                                               const void *weight, const void *inv_rms, void *dx,
+                                               int64_t dx_row_stride, void *dweight) {
+    (void)dy, (void)dy_row_stride, (void)x, (void)x_row_stride, (void)inv_rms, (void)dx, (void)dx_row_stride;
+    return opsmith_internal_rms_norm_bwd_cpu_workspace(dtype, rows, n, weight && dweight);
+}
+
+opsmith_status opsmith_rms_norm_bwd_cpu(opsmith_dtype dtype, int64_t rows, int64_t n, const void *dy,
+                                        int64_t dy_row_stride, const void *x, int64_t x_row_stride,
+                                        const void *weight, const void *inv_rms, void *dx, int64_t dx_row_stride,
+                                        void *dweight, void *workspace, size_t workspace_bytes) {
+    static const char op[] = "rms_norm_bwd_cpu";
     void *dw = weight ? dweight : NULL;
+    opsmith_status s = opsmith_internal_rms_norm_check(op, dtype, rows, n, x, x_row_stride, 1, dy, dy_row_stride,
+                                                       weight, 0.0, dx, dx_row_stride, inv_rms, dw);
+    if (s != OPSMITH_STATUS_SUCCESS) return s;
     if (rows == 0) {
         /* no rows: the weight gradient is an empty sum */
         if (dw)
             for (int64_t i = 0; i < n; i++) opsmith_store_from_double(dtype, dw, i, 0.0);
         return OPSMITH_STATUS_SUCCESS;
     }
+    s = opsmith_internal_check_workspace(op, workspace, workspace_bytes,
+                                         opsmith_internal_rms_norm_bwd_cpu_workspace(dtype, rows, n, dw != NULL));
+    if (s != OPSMITH_STATUS_SUCCESS) return s;
+    const int t = opsmith_get_num_threads();
+    const int64_t dys = dy_row_stride, xs = x_row_stride, dxs = dx_row_stride;
     switch (dtype) {
-    case OPSMITH_DTYPE_F64:
-        return rms_norm_bwd_f64(rows, n, dy, dy_row_stride, x, x_row_stride, weight, inv_rms, dx, dw);
-    case OPSMITH_DTYPE_F32:
-        return rms_norm_bwd_f32(rows, n, dy, dy_row_stride, x, x_row_stride, weight, inv_rms, dx, dw);
-    case OPSMITH_DTYPE_F16:
-        return rms_norm_bwd_f16(rows, n, dy, dy_row_stride, x, x_row_stride, weight, inv_rms, dx, dw);
-    case OPSMITH_DTYPE_BF16:
-        return rms_norm_bwd_bf16(rows, n, dy, dy_row_stride, x, x_row_stride, weight, inv_rms, dx, dw);
+    case OPSMITH_DTYPE_F64: rms_norm_bwd_f64(rows, n, dy, dys, x, xs, weight, inv_rms, dx, dxs, dw, workspace, t); break;
+    case OPSMITH_DTYPE_F32: rms_norm_bwd_f32(rows, n, dy, dys, x, xs, weight, inv_rms, dx, dxs, dw, workspace, t); break;
+    case OPSMITH_DTYPE_F16: rms_norm_bwd_f16(rows, n, dy, dys, x, xs, weight, inv_rms, dx, dxs, dw, workspace, t); break;
+    case OPSMITH_DTYPE_BF16: rms_norm_bwd_bf16(rows, n, dy, dys, x, xs, weight, inv_rms, dx, dxs, dw, workspace, t); break;
     default: return OPSMITH_STATUS_UNSUPPORTED_DTYPE;
     }
+    return OPSMITH_STATUS_SUCCESS;
 }

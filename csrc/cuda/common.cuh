@@ -86,6 +86,23 @@ template <typename A> __device__ __forceinline__ A block_sum(A v, A *scratch) {
     return warp_sum(v);
 }
 
+/* The one dtype dispatch: calls f(DtypeTag<D>{}) for the float dtype D
+ * that `dtype` names, so a launcher writes its body once as a template;
+ * `fallback` is returned for any other value. */
+template <opsmith_dtype D> struct DtypeTag {
+    static constexpr opsmith_dtype value = D;
+};
+
+template <typename R, typename F> R dispatch_float(opsmith_dtype dtype, R fallback, F f) {
+    switch (dtype) {
+    case OPSMITH_DTYPE_F64: return f(DtypeTag<OPSMITH_DTYPE_F64>{});
+    case OPSMITH_DTYPE_F32: return f(DtypeTag<OPSMITH_DTYPE_F32>{});
+    case OPSMITH_DTYPE_F16: return f(DtypeTag<OPSMITH_DTYPE_F16>{});
+    case OPSMITH_DTYPE_BF16: return f(DtypeTag<OPSMITH_DTYPE_BF16>{});
+    default: return fallback;
+    }
+}
+
 /* Map the state after a launch to a status, keeping the runtime's message. */
 static inline opsmith_status launch_status(void) {
     cudaError_t e = cudaGetLastError();

@@ -18,71 +18,18 @@
  * deterministic: each block (cluster) sums its rows into its own workspace
  * row with a fixed column-to-thread map, then one or two reduction launches
  * add the rows in a fixed order. */
+#include "internal/rms_norm.h"
+#include "launch_plan.cuh"
+#include "partial_sums.cuh"
 #include "row_pipeline.cuh"
-
-#include <mutex>
-#include <vector>
+#include "rows.cuh"
 
 namespace opsmith {
 namespace {
 
-constexpr int kMaxThreads = 1024;
-constexpr int kMaxGrid = 1 << 16;
-
-/* The generic kernels' row loops run a trip count known only at run time;
- * unrolling them by 4 lets a thread issue 4 loads before it waits on any,
- * which is what keeps enough bytes in flight on wide rows. */
-#define OPSMITH_UNROLL_4 _Pragma("unroll 4")
-
-/* Elements a thread handles per step: a pack, or one element. */
-template <typename T, bool PACKED> struct Step {
-    static constexpr int N = PACKED ? Pack<T>::VEC : 1;
-};
-
-/* Read N consecutive elements starting at p into accumulate type. */
-template <typename T, typename A, bool PACKED>
-__device__ __forceinline__ void load_acc(const T *p, A (&out)[Step<T, PACKED>::N]) {
-    if constexpr (PACKED) {
-        Pack<T> pk = load_pack(p);
-#pragma unroll
-        for (int k = 0; k < Pack<T>::VEC; k++) out[k] = to_acc(pk.v[k]);
-    } else {
-        out[0] = to_acc(p[0]);
-    }
-}
-
-template <typename T, typename A, bool PACKED>
-__device__ __forceinline__ void store_acc(T *p, const A (&in)[Step<T, PACKED>::N]) {
-    if constexpr (PACKED) {
-        Pack<T> pk;
-#pragma unroll
-        for (int k = 0; k < Pack<T>::VEC; k++) pk.v[k] = from_acc<T>(in[k]);
-        store_pack(p, pk);
-    } else {
-        p[0] = from_acc<T>(in[0]);
-    }
-}
-
-/* Sum across a row group: a warp, or the whole block. */
-template <bool WARP_ROWS, typename A> __device__ __forceinline__ A group_sum(A v, A *scratch) {
-    if constexpr (WARP_ROWS) return warp_sum(v);
-    else return block_sum(v, scratch);
-}
-
-/* Which rows a thread's row group owns: group g of the grid takes rows
- * g, g + groups, ...; t is the thread's index inside its group. */
-template <bool WARP_ROWS> struct RowGroup {
-    const int threads = WARP_ROWS ? 32 : blockDim.x;
-    const int t = WARP_ROWS ? (threadIdx.x & 31) : threadIdx.x;
-    const int per_block = WARP_ROWS ? blockDim.x / 32 : 1;
-    const int index = WARP_ROWS ? threadIdx.x / 32 : 0;
-    __device__ int64_t first_row() const { return (int64_t)blockIdx.x * per_block + index; }
-    __device__ int64_t row_step() const { return (int64_t)gridDim.x * per_block; }
-};
-
 template <typename T, typename A, bool PACKED, bool WARP_ROWS>
 __global__ void rms_norm_fwd_kernel(int64_t rows, int64_t n, const T *__restrict__ x, int64_t xs,
-                                    const T *__restrict__ w, A eps, T *__restrict__ y,
+                                    const T *__restrict__ w, A eps, T *__restrict__ y, int64_t ys,
                                     A *__restrict__ inv_rms) {
     constexpr int S = Step<T, PACKED>::N;
     __shared__ A scratch[32];
@@ -90,7 +37,7 @@ __global__ void rms_norm_fwd_kernel(int64_t rows, int64_t n, const T *__restrict
     const int64_t steps = n / S;
     for (int64_t r = g.first_row(); r < rows; r += g.row_step()) {
         const T *xr = x + r * xs;
-        T *yr = y + r * n;
+        T *yr = y + r * ys;
         A sum_sq = 0;
         OPSMITH_UNROLL_4
         for (int64_t i = g.t; i < steps; i += g.threads) {
@@ -125,7 +72,7 @@ __global__ void rms_norm_fwd_kernel(int64_t rows, int64_t n, const T *__restrict
 template <typename T, typename A, bool PACKED, bool WARP_ROWS>
 __global__ void rms_norm_bwd_kernel(int64_t rows, int64_t n, const T *__restrict__ dy, int64_t dys,
                                     const T *__restrict__ x, int64_t xs, const T *__restrict__ w,
-                                    const A *__restrict__ inv_rms, T *__restrict__ dx,
+                                    const A *__restrict__ inv_rms, T *__restrict__ dx, int64_t dxs,
                                     A *__restrict__ partial) {
     constexpr int S = Step<T, PACKED>::N;
     __shared__ A scratch[32];
@@ -137,7 +84,7 @@ __global__ void rms_norm_bwd_kernel(int64_t rows, int64_t n, const T *__restrict
     bool first = true;
     for (int64_t r = g.first_row(); r < rows; r += g.row_step()) {
         const T *xr = x + r * xs, *dyr = dy + r * dys;
-        T *dxr = dx + r * n;
+        T *dxr = dx + r * dxs;
         const A inv = inv_rms[r];
         A dot = 0;
         OPSMITH_UNROLL_4
@@ -188,27 +135,10 @@ __global__ void rms_norm_bwd_kernel(int64_t rows, int64_t n, const T *__restrict
     }
 }
 
-/* Register-resident kernels: the packed path for rows of at most
- * kResidentThreads x kResidentIters packs. A block owns one row at a time;
- * each thread keeps its ITERS packs of the row in registers, so x (and dy)
- * are read from memory exactly once. */
-constexpr int kResidentThreads = 512, kResidentIters = 8;
-
-/* Calls f(it, i) for each of a thread's ITERS packs that lies inside the
- * row: pack i = threadIdx.x + it * blockDim.x of `steps`. Unrolled, so the
- * per-pack arrays f indexes stay in registers. */
-template <int ITERS, typename F> __device__ __forceinline__ void for_my_packs(int64_t steps, F f) {
-#pragma unroll
-    for (int it = 0; it < ITERS; it++) {
-        const int64_t i = threadIdx.x + (int64_t)it * blockDim.x;
-        if (i < steps) f(it, i);
-    }
-}
-
 template <typename T, typename A, int ITERS>
 __global__ void __launch_bounds__(kResidentThreads)
 rms_norm_fwd_resident_kernel(int64_t rows, int64_t n, const T *__restrict__ x, int64_t xs,
-                             const T *__restrict__ w, A eps, T *__restrict__ y,
+                             const T *__restrict__ w, A eps, T *__restrict__ y, int64_t ys,
                              A *__restrict__ inv_rms) {
     constexpr int S = Pack<T>::VEC;
     __shared__ A scratch[32];
@@ -245,7 +175,7 @@ rms_norm_fwd_resident_kernel(int64_t rows, int64_t n, const T *__restrict__ x, i
                 const A v = to_acc(xp[it].v[k]) * inv;
                 out.v[k] = from_acc<T>(w ? v * to_acc(wp[it].v[k]) : v);
             }
-            store_pack(y + r * n + i * S, out);
+            store_pack(y + r * ys + i * S, out);
         });
     }
 }
@@ -259,7 +189,7 @@ template <typename T, typename A, int ITERS>
 __global__ void __launch_bounds__(kResidentThreads)
 rms_norm_bwd_resident_kernel(int64_t rows, int64_t n, const T *__restrict__ dy, int64_t dys,
                              const T *__restrict__ x, int64_t xs, const T *__restrict__ w,
-                             const A *__restrict__ inv_rms, T *__restrict__ dx,
+                             const A *__restrict__ inv_rms, T *__restrict__ dx, int64_t dxs,
                              A *__restrict__ partial) {
     constexpr int S = Pack<T>::VEC;
     extern __shared__ __align__(16) unsigned char dynamic_smem[];
@@ -313,7 +243,7 @@ rms_norm_bwd_resident_kernel(int64_t rows, int64_t n, const T *__restrict__ dy, 
                 out.v[k] = from_acc<T>(inv * g * (w ? to_acc(wv.v[k]) : A(1)) - xv * scale);
                 if (partial) dw_sum[k * steps + i] += g * xv * inv;
             }
-            store_pack(dx + r * n + i * S, out);
+            store_pack(dx + r * dxs + i * S, out);
         });
     }
     if (partial) {
@@ -354,7 +284,7 @@ template <typename T, typename A, int ITERS, int CTAS>
 __global__ void __launch_bounds__(kResidentThreads)
 rms_norm_bwd_staged_kernel(int64_t rows, int64_t n, const T *__restrict__ dy, int64_t dys,
                            const T *__restrict__ x, int64_t xs, const T *__restrict__ w,
-                           const A *__restrict__ inv_rms, T *__restrict__ dx,
+                           const A *__restrict__ inv_rms, T *__restrict__ dx, int64_t dxs,
                            A *__restrict__ partial) {
     constexpr int S = Pack<T>::VEC;
     extern __shared__ __align__(16) unsigned char dynamic_smem[];
@@ -407,7 +337,7 @@ rms_norm_bwd_staged_kernel(int64_t rows, int64_t n, const T *__restrict__ dy, in
                 out.v[k] = from_acc<T>(inv * g * (w ? to_acc(wp[it].v[k]) : A(1)) - xa * scale);
                 if (partial) dw[it][k] += g * xa * inv;
             }
-            store_pack(dx + r * n + i * S, out);
+            store_pack(dx + r * dxs + i * S, out);
         });
         stage = stage + 1 == kStages ? 0 : stage + 1;
     }
@@ -422,72 +352,6 @@ rms_norm_bwd_staged_kernel(int64_t rows, int64_t n, const T *__restrict__ dy, in
     cluster.finish();
 }
 
-/* out[c] = the sum of partial rows [c * per_chunk, (c + 1) * per_chunk), in
- * a fixed order (deterministic). A block covers 32 columns of one chunk; its
- * 8 thread rows each sum every 8th partial row (coalesced 32-wide reads),
- * then one thread row adds the 8 results. With many partial rows the
- * backward runs it twice: chunks of kReduceChunk rows into the workspace
- * tail (many blocks, so many loads in flight), then the chunk sums into
- * dweight (one chunk). */
-constexpr int kReduceCols = 32, kReduceSlices = 8;
-constexpr int64_t kReduceChunk = 64;
-
-template <typename Out, typename A>
-__global__ void rms_norm_dweight_kernel(int64_t parts, int64_t per_chunk, int64_t n,
-                                        const A *__restrict__ partial, Out *__restrict__ out) {
-    __shared__ A tile[kReduceSlices][kReduceCols + 1];
-    const int64_t col = (int64_t)blockIdx.x * kReduceCols + threadIdx.x;
-    const int64_t p0 = (int64_t)blockIdx.y * per_chunk;
-    const int64_t p1 = p0 + per_chunk < parts ? p0 + per_chunk : parts;
-    A s = 0;
-    if (col < n)
-        for (int64_t p = p0 + threadIdx.y; p < p1; p += kReduceSlices) s += partial[p * n + col];
-    tile[threadIdx.y][threadIdx.x] = s;
-    __syncthreads();
-    if (threadIdx.y == 0 && col < n) {
-        A total = 0;
-#pragma unroll
-        for (int k = 0; k < kReduceSlices; k++) total += tile[k][threadIdx.x];
-        out[(int64_t)blockIdx.y * n + col] = from_acc<Out>(total);
-    }
-}
-
-/* Rows of chunk sums the two-pass reduction of `parts` partial rows keeps
- * after the partial rows in the workspace; 0 when one pass does. */
-int64_t reduce_chunks(int64_t parts) {
-    return parts > 4 * kReduceChunk ? (parts + kReduceChunk - 1) / kReduceChunk : 0;
-}
-
-/* Launch shape shared by forward and backward. */
-struct Shape {
-    bool warp_rows; /* one warp per row (short rows) or one block per row */
-    int threads;
-    int64_t grid;
-    int64_t groups; /* row groups in the grid: partial rows for dweight */
-};
-
-Shape choose_shape(int64_t rows, int64_t n, int step, int64_t max_groups) {
-    Shape s;
-    const int64_t steps = n / step;
-    s.warp_rows = steps <= 32 * 4; /* a warp covers the row in at most 4 steps */
-    if (s.warp_rows) {
-        s.threads = 256;
-        const int64_t per_block = s.threads / 32;
-        int64_t groups = rows < max_groups ? rows : max_groups;
-        s.grid = (groups + per_block - 1) / per_block;
-        if (s.grid < 1) s.grid = 1;
-        s.groups = s.grid * per_block;
-    } else {
-        /* about 4 steps a thread, a whole number of warps, at most 1024 */
-        int64_t t = (steps + 3) / 4;
-        t = (t + 31) / 32 * 32;
-        s.threads = (int)(t < 128 ? 128 : t > kMaxThreads ? kMaxThreads : t);
-        s.grid = rows < max_groups ? rows : max_groups;
-        if (s.grid < 1) s.grid = 1;
-        s.groups = s.grid;
-    }
-    return s;
-}
 
 /* Row groups the backward uses when it reduces dweight: bounded so the
  * workspace stays small (at most 2^23 partial elements, 32 MB in f32). */
@@ -498,144 +362,13 @@ int64_t bwd_max_groups(int64_t rows, int64_t n) {
     return rows < cap ? rows : cap;
 }
 
-/* What the launch plans ask of the device, asked once per device and
- * kernel: the runtime queries cost microseconds, the launches they shape
- * about as much. */
-struct DeviceInfo {
-    int sms, major, optin_smem;
-};
-
-constexpr int kMaxDevices = 64;
-std::mutex plan_cache_mutex;
-
-/* false when the current device cannot be queried (the error is cleared). */
-bool device_info(DeviceInfo *out, int *device_out) {
-    static DeviceInfo cache[kMaxDevices];
-    int device = 0;
-    if (cudaGetDevice(&device) != cudaSuccess || device < 0) {
-        cudaGetLastError(); /* leave no error behind for the next launch check */
-        return false;
-    }
-    *device_out = device;
-    std::lock_guard<std::mutex> lock(plan_cache_mutex);
-    if (device < kMaxDevices && cache[device].sms > 0) {
-        *out = cache[device];
-        return true;
-    }
-    DeviceInfo d{0, 0, 0};
-    if (cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&d.major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&d.optin_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess ||
-        d.sms < 1) {
-        cudaGetLastError();
-        return false;
-    }
-    if (device < kMaxDevices) cache[device] = d;
-    *out = d;
-    return true;
-}
-
-int sm_count(void) {
-    DeviceInfo d;
-    int device;
-    return device_info(&d, &device) ? d.sms : 132;
-}
-
-/* How many blocks (ctas == 1) or clusters of ctas blocks of `kernel`, with
- * `threads` threads and `smem` bytes of dynamic shared memory, fit on the
- * current device at once; 0 when none fit or the device refuses. Cached. */
-int64_t blocks_that_fit(const void *kernel, int threads, size_t smem, int ctas) {
-    struct Entry {
-        int device;
-        const void *kernel;
-        int threads, ctas;
-        size_t smem;
-        int64_t fit;
-    };
-    static std::vector<Entry> cache;
-    DeviceInfo d;
-    int device;
-    if (!device_info(&d, &device) || smem > (size_t)d.optin_smem) return 0;
-    std::lock_guard<std::mutex> lock(plan_cache_mutex);
-    for (const Entry &e : cache)
-        if (e.device == device && e.kernel == kernel && e.threads == threads && e.smem == smem && e.ctas == ctas)
-            return e.fit;
-    int64_t fit = 0;
-    /* the limit is set to the most the device allows beside the kernel's
-     * static shared memory, not to smem: it is one value a kernel, and a
-     * launch of the same kernel with more (another n) must not find it
-     * lowered by this one. A cluster plan also needs code compiled for
-     * sm_90 or newer: from older PTX its cluster instructions are absent. */
-    cudaFuncAttributes fa;
-    cudaError_t e = cudaFuncGetAttributes(&fa, kernel);
-    bool ok = e == cudaSuccess && smem + fa.sharedSizeBytes <= (size_t)d.optin_smem &&
-              (ctas == 1 || fa.ptxVersion >= 90);
-    if (ok) {
-        e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 d.optin_smem - (int)fa.sharedSizeBytes);
-        ok = e == cudaSuccess;
-    }
-    if (ok && ctas == 1) {
-        int per_sm = 0;
-        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem);
-        if (e == cudaSuccess) fit = (int64_t)per_sm * d.sms;
-    } else if (ok) {
-        cudaLaunchConfig_t cfg = {};
-        cudaLaunchAttribute attr;
-        attr.id = cudaLaunchAttributeClusterDimension;
-        attr.val.clusterDim.x = ctas;
-        attr.val.clusterDim.y = 1;
-        attr.val.clusterDim.z = 1;
-        cfg.gridDim = dim3(ctas);
-        cfg.blockDim = dim3(threads);
-        cfg.dynamicSmemBytes = smem;
-        cfg.attrs = &attr;
-        cfg.numAttrs = 1;
-        int clusters = 0;
-        e = cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg);
-        if (e == cudaSuccess) fit = clusters;
-    }
-    /* a refusal means "take another plan", not an error: clear it, and only
-     * it (an error the caller left pending is not ours to take) */
-    if (e != cudaSuccess) cudaGetLastError();
-    if (fit < 0) fit = 0;
-    if (cache.size() < 4096) cache.push_back(Entry{device, kernel, threads, ctas, smem, fit});
-    return fit;
-}
-
-/* The register-resident plan for a packed row of `steps` packs: ITERS packs
- * a thread and a block of `threads`; iters == 0 when the row is too wide.
- * Throughput (many rows): up to 4 packs a thread while a block keeps at
- * least min_threads, so an SM holds many short blocks and many bytes in
- * flight (8 packs a thread take so many registers that fewer bytes are in
- * flight per SM, `-Xptxas -v` in bench/NOTES.md). Latency (a short batch,
- * no more rows than SMs): the widest block and fewest packs a thread, so a
- * row costs about one round of memory latency. Either way rows wider than
- * kResidentThreads x ITERS packs take more ITERS, up to max_iters. */
-struct Resident {
-    int iters;
-    int threads;
-};
-
-Resident resident_plan(int64_t steps, int min_threads, bool latency, int max_iters) {
-    if (steps < 1 || steps > (int64_t)kResidentThreads * max_iters) return Resident{0, 0};
-    int iters = 1;
-    if (!latency) {
-        iters = 4;
-        while (iters > 1 && (steps + iters - 1) / iters < min_threads) iters /= 2;
-    }
-    while (steps > (int64_t)kResidentThreads * iters) iters *= 2;
-    int64_t t = (steps + iters - 1) / iters;
-    t = (t + 31) / 32 * 32;
-    return Resident{iters, (int)t};
-}
 
 constexpr int kFwdMinThreads = 64, kBwdMinThreads = 128;
 
 template <typename T, typename A> using FwdResidentKernel =
-    void (*)(int64_t, int64_t, const T *, int64_t, const T *, A, T *, A *);
+    void (*)(int64_t, int64_t, const T *, int64_t, const T *, A, T *, int64_t, A *);
 template <typename T, typename A> using BwdResidentKernel =
-    void (*)(int64_t, int64_t, const T *, int64_t, const T *, int64_t, const T *, const A *, T *, A *);
+    void (*)(int64_t, int64_t, const T *, int64_t, const T *, int64_t, const T *, const A *, T *, int64_t, A *);
 
 template <typename T, typename A> FwdResidentKernel<T, A> fwd_resident_kernel(int iters) {
     switch (iters) {
@@ -664,27 +397,6 @@ template <typename T, typename A> BwdResidentKernel<T, A> bwd_staged_kernel(int 
     case 4: return rms_norm_bwd_staged_kernel<T, A, 4, 4>;
     default: return rms_norm_bwd_staged_kernel<T, A, 4, 8>;
     }
-}
-
-/* A launch of a resident or staged kernel. grid == 0: no such plan (the row
- * is too wide, or the device refuses it); the caller takes another kernel.
- * For the backward the grid (in blocks, or clusters x ctas) also fixes the
- * number of weight-gradient partial rows, grid / ctas, so for a device,
- * rows, n and dtype the order dweight is summed in is fixed. */
-struct Launch {
-    const void *kernel;
-    int threads, ctas;
-    size_t smem;
-    int64_t grid;
-    const char *family; /* "resident", "staged"; for tests and notes */
-};
-
-/* The grid of as many blocks (clusters) as fit at once, at most one a row:
- * each then walks rows / grid rows; a second wave would only add a tail. */
-Launch fit_grid(Launch l, int64_t rows) {
-    const int64_t fit = blocks_that_fit(l.kernel, l.threads, l.smem, l.ctas);
-    l.grid = (rows < fit ? rows : fit) * l.ctas;
-    return l;
 }
 
 /* Staged plan for packed rows of n elements of T, `tensors` streamed a row
@@ -761,23 +473,6 @@ template <typename T, typename A> Launch bwd_launch(int64_t rows, int64_t n, boo
     return bwd_resident_launch<T, A>(rows, n, with_dw);
 }
 
-/* Launches l.kernel, whose type is K, with args; as a cluster when l.ctas > 1. */
-template <typename K, typename... Args> void launch(const Launch &l, cudaStream_t stream, Args... args) {
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute attr;
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = l.ctas;
-    attr.val.clusterDim.y = 1;
-    attr.val.clusterDim.z = 1;
-    cfg.gridDim = dim3((unsigned)l.grid);
-    cfg.blockDim = dim3(l.threads);
-    cfg.dynamicSmemBytes = l.smem;
-    cfg.stream = stream;
-    cfg.attrs = &attr;
-    cfg.numAttrs = l.ctas > 1 ? 1 : 0;
-    cudaLaunchKernelEx(&cfg, reinterpret_cast<K>(const_cast<void *>(l.kernel)), args...);
-}
-
 /* Forward plans for packed rows, chosen at run time: a short batch takes the
  * resident kernel's latency plan; many rows the resident throughput plan up
  * to 4 packs a thread (512 x 4 packs); grid == 0: the generic kernel, which
@@ -798,23 +493,23 @@ template <typename T, typename A> Launch fwd_launch(int64_t rows, int64_t n) {
 
 template <opsmith_dtype D>
 opsmith_status fwd(int64_t rows, int64_t n, const void *x, int64_t xs, const void *w, double eps,
-                   void *y, void *inv_rms, cudaStream_t stream) {
+                   void *y, int64_t ys, void *inv_rms, cudaStream_t stream) {
     using T = typename Storage<D>::T;
     using A = typename Storage<D>::Acc;
     const int vec = Pack<T>::VEC;
-    const bool packed = n % vec == 0 && xs % vec == 0 && aligned16(x) && aligned16(y) &&
+    const bool packed = n % vec == 0 && xs % vec == 0 && ys % vec == 0 && aligned16(x) && aligned16(y) &&
                         (!w || aligned16(w));
     const T *xp = static_cast<const T *>(x), *wp = static_cast<const T *>(w);
     T *yp = static_cast<T *>(y);
     A *ip = static_cast<A *>(inv_rms);
     const Launch l = packed ? fwd_launch<T, A>(rows, n) : Launch{nullptr, 0, 0, 0, 0, "generic"};
     if (l.grid) {
-        launch<FwdResidentKernel<T, A>>(l, stream, rows, n, xp, xs, wp, (A)eps, yp, ip);
+        launch<FwdResidentKernel<T, A>>(l, stream, rows, n, xp, xs, wp, (A)eps, yp, ys, ip);
         return launch_status();
     }
     const Shape s = choose_shape(rows, n, packed ? vec : 1, kMaxGrid);
 #define OPSMITH_LAUNCH_FWD(P, WR) \
-    rms_norm_fwd_kernel<T, A, P, WR><<<(unsigned)s.grid, s.threads, 0, stream>>>(rows, n, xp, xs, wp, (A)eps, yp, ip)
+    rms_norm_fwd_kernel<T, A, P, WR><<<(unsigned)s.grid, s.threads, 0, stream>>>(rows, n, xp, xs, wp, (A)eps, yp, ys, ip)
     if (packed) { if (s.warp_rows) OPSMITH_LAUNCH_FWD(true, true); else OPSMITH_LAUNCH_FWD(true, false); }
     else { if (s.warp_rows) OPSMITH_LAUNCH_FWD(false, true); else OPSMITH_LAUNCH_FWD(false, false); }
 #undef OPSMITH_LAUNCH_FWD
@@ -823,12 +518,12 @@ opsmith_status fwd(int64_t rows, int64_t n, const void *x, int64_t xs, const voi
 
 template <opsmith_dtype D>
 opsmith_status bwd(int64_t rows, int64_t n, const void *dy, int64_t dys, const void *x, int64_t xs,
-                   const void *w, const void *inv_rms, void *dx, void *dw, void *workspace,
+                   const void *w, const void *inv_rms, void *dx, int64_t dxs, void *dw, void *workspace,
                    cudaStream_t stream) {
     using T = typename Storage<D>::T;
     using A = typename Storage<D>::Acc;
     const int vec = Pack<T>::VEC;
-    const bool packed = n % vec == 0 && xs % vec == 0 && dys % vec == 0 && aligned16(x) &&
+    const bool packed = n % vec == 0 && xs % vec == 0 && dys % vec == 0 && dxs % vec == 0 && aligned16(x) &&
                         aligned16(dy) && aligned16(dx) && (!w || aligned16(w));
     const T *dyp = static_cast<const T *>(dy), *xp = static_cast<const T *>(x),
             *wp = static_cast<const T *>(w);
@@ -839,29 +534,19 @@ opsmith_status bwd(int64_t rows, int64_t n, const void *dy, int64_t dys, const v
     const Launch l = packed ? bwd_launch<T, A>(rows, n, dw != nullptr) : Launch{nullptr, 0, 0, 0, 0, "generic"};
     if (l.grid) {
         parts = l.grid / l.ctas;
-        launch<BwdResidentKernel<T, A>>(l, stream, rows, n, dyp, dys, xp, xs, wp, ip, dxp, partial);
+        launch<BwdResidentKernel<T, A>>(l, stream, rows, n, dyp, dys, xp, xs, wp, ip, dxp, dxs, partial);
     } else {
     const Shape s = choose_shape(rows, n, packed ? vec : 1, bwd_max_groups(rows, n));
     parts = s.groups;
 #define OPSMITH_LAUNCH_BWD(P, WR) \
-    rms_norm_bwd_kernel<T, A, P, WR><<<(unsigned)s.grid, s.threads, 0, stream>>>(rows, n, dyp, dys, xp, xs, wp, ip, dxp, partial)
+    rms_norm_bwd_kernel<T, A, P, WR><<<(unsigned)s.grid, s.threads, 0, stream>>>(rows, n, dyp, dys, xp, xs, wp, ip, dxp, dxs, partial)
     if (packed) { if (s.warp_rows) OPSMITH_LAUNCH_BWD(true, true); else OPSMITH_LAUNCH_BWD(true, false); }
     else { if (s.warp_rows) OPSMITH_LAUNCH_BWD(false, true); else OPSMITH_LAUNCH_BWD(false, false); }
 #undef OPSMITH_LAUNCH_BWD
     }
     opsmith_status st = launch_status();
     if (st != OPSMITH_STATUS_SUCCESS || !dw) return st;
-    const unsigned cols = (unsigned)((n + kReduceCols - 1) / kReduceCols);
-    const dim3 block(kReduceCols, kReduceSlices);
-    const int64_t chunks = reduce_chunks(parts);
-    if (chunks) {
-        A *sums = partial + parts * n;
-        rms_norm_dweight_kernel<A, A><<<dim3(cols, (unsigned)chunks), block, 0, stream>>>(parts, kReduceChunk, n,
-                                                                                        partial, sums);
-        rms_norm_dweight_kernel<T, A><<<cols, block, 0, stream>>>(chunks, chunks, n, sums, static_cast<T *>(dw));
-    } else {
-        rms_norm_dweight_kernel<T, A><<<cols, block, 0, stream>>>(parts, parts, n, partial, static_cast<T *>(dw));
-    }
+    sum_partial_rows<T, A>(parts, n, partial, partial + parts * n, static_cast<T *>(dw), stream);
     return launch_status();
 }
 
@@ -883,22 +568,15 @@ template <opsmith_dtype D> int64_t bwd_workspace_rows(int64_t rows, int64_t n) {
 
 using namespace opsmith;
 
-extern "C" int opsmith_has_cuda(void) { return 1; }
-
-extern "C" opsmith_status opsmith_rms_norm_fwd_cuda(opsmith_dtype dtype, int64_t rows, int64_t n,
-                                                    const void *x, int64_t x_row_stride,
-                                                    const void *weight, double eps, void *y,
-                                                    void *inv_rms, opsmith_cuda_stream stream) {
-    opsmith_status st = opsmith_internal_rms_norm_check(dtype, rows, n, x, x_row_stride, 0, nullptr, 0,
-                                                        weight, eps, y, inv_rms, nullptr);
+extern "C" opsmith_status opsmith_rms_norm_fwd_cuda(opsmith_dtype dtype, int64_t rows, int64_t n, const void *x,
+                                                    int64_t x_row_stride, const void *weight, double eps, void *y,
+                                                    int64_t y_row_stride, void *inv_rms, opsmith_cuda_stream stream) {
+    opsmith_status st = opsmith_internal_rms_norm_check("rms_norm_fwd_cuda", dtype, rows, n, x, x_row_stride, 0,
+                                                        nullptr, 0, weight, eps, y, y_row_stride, inv_rms, nullptr);
     if (st != OPSMITH_STATUS_SUCCESS || rows == 0) return st;
-    switch (dtype) {
-    case OPSMITH_DTYPE_F64: return fwd<OPSMITH_DTYPE_F64>(rows, n, x, x_row_stride, weight, eps, y, inv_rms, stream);
-    case OPSMITH_DTYPE_F32: return fwd<OPSMITH_DTYPE_F32>(rows, n, x, x_row_stride, weight, eps, y, inv_rms, stream);
-    case OPSMITH_DTYPE_F16: return fwd<OPSMITH_DTYPE_F16>(rows, n, x, x_row_stride, weight, eps, y, inv_rms, stream);
-    case OPSMITH_DTYPE_BF16: return fwd<OPSMITH_DTYPE_BF16>(rows, n, x, x_row_stride, weight, eps, y, inv_rms, stream);
-    default: return OPSMITH_STATUS_UNSUPPORTED_DTYPE;
-    }
+    return dispatch_float(dtype, OPSMITH_STATUS_UNSUPPORTED_DTYPE, [&](auto tag) {
+        return fwd<decltype(tag)::value>(rows, n, x, x_row_stride, weight, eps, y, y_row_stride, inv_rms, stream);
+    });
 }
 
 /* Which kernel family a contiguous, 16-byte aligned call of this shape
@@ -906,72 +584,53 @@ extern "C" opsmith_status opsmith_rms_norm_fwd_cuda(opsmith_dtype dtype, int64_t
  * in ctas), or "generic". Tests use it to keep each plan reachable. */
 extern "C" const char *opsmith_internal_rms_norm_cuda_plan(opsmith_dtype dtype, int64_t rows, int64_t n,
                                                            int backward, int *ctas) {
-    Launch l{nullptr, 0, 0, 0, 0, "generic"};
-    switch (dtype) {
-#define OPSMITH_PLAN(D)                                                                        \
-    case D: {                                                                                  \
-        using T = Storage<D>::T;                                                               \
-        using A = Storage<D>::Acc;                                                             \
-        l = backward ? bwd_launch<T, A>(rows, n, true) : fwd_launch<T, A>(rows, n);            \
-        break;                                                                                 \
-    }
-    OPSMITH_PLAN(OPSMITH_DTYPE_F64)
-    OPSMITH_PLAN(OPSMITH_DTYPE_F32)
-    OPSMITH_PLAN(OPSMITH_DTYPE_F16)
-    OPSMITH_PLAN(OPSMITH_DTYPE_BF16)
-#undef OPSMITH_PLAN
-    default: break;
-    }
+    const Launch none{nullptr, 0, 0, 0, 0, "generic"};
+    Launch l = dispatch_float(dtype, none, [&](auto tag) {
+        using T = typename Storage<decltype(tag)::value>::T;
+        using A = typename Storage<decltype(tag)::value>::Acc;
+        return backward ? bwd_launch<T, A>(rows, n, true) : fwd_launch<T, A>(rows, n);
+    });
     if (l.grid <= 0) l.family = "generic", l.ctas = 0;
     if (ctas) *ctas = l.ctas;
     return l.family;
 }
 
 extern "C" size_t opsmith_rms_norm_bwd_cuda_workspace_size(opsmith_dtype dtype, int64_t rows, int64_t n,
-                                                           int with_dweight) {
-    if (!with_dweight || rows <= 0 || n <= 0 || (unsigned)dtype >= OPSMITH_DTYPE_COUNT) return 0;
-    int64_t groups;
-    switch (dtype) {
-    case OPSMITH_DTYPE_F64: groups = bwd_workspace_rows<OPSMITH_DTYPE_F64>(rows, n); break;
-    case OPSMITH_DTYPE_F32: groups = bwd_workspace_rows<OPSMITH_DTYPE_F32>(rows, n); break;
-    case OPSMITH_DTYPE_F16: groups = bwd_workspace_rows<OPSMITH_DTYPE_F16>(rows, n); break;
-    default: groups = bwd_workspace_rows<OPSMITH_DTYPE_BF16>(rows, n); break;
-    }
+                                                           const void *dy, int64_t dy_row_stride, const void *x,
+                                                           int64_t x_row_stride, const void *weight,
+                                                           const void *inv_rms, void *dx, int64_t dx_row_stride,
+                                                           void *dweight) {
+    (void)dy, (void)dy_row_stride, (void)x, (void)x_row_stride, (void)inv_rms, (void)dx, (void)dx_row_stride;
+    if (!weight || !dweight || rows <= 0 || n <= 0) return 0;
+    const int64_t groups = dispatch_float(dtype, (int64_t)0, [&](auto tag) {
+        return bwd_workspace_rows<decltype(tag)::value>(rows, n);
+    });
     return (size_t)(groups * n) * opsmith_dtype_size(opsmith_dtype_accumulate(dtype));
 }
 
-extern "C" opsmith_status opsmith_rms_norm_bwd_cuda(opsmith_dtype dtype, int64_t rows, int64_t n,
-                                                    const void *dy, int64_t dy_row_stride,
-                                                    const void *x, int64_t x_row_stride,
-                                                    const void *weight, const void *inv_rms,
-                                                    void *dx, void *dweight, void *workspace,
-                                                    size_t workspace_bytes,
-                                                    opsmith_cuda_stream stream) {
-    opsmith_status st = opsmith_internal_rms_norm_check(dtype, rows, n, x, x_row_stride, 1, dy,
-                                                        dy_row_stride, weight, 0.0, dx, inv_rms,
-                                                        weight ? dweight : nullptr);
-    if (st != OPSMITH_STATUS_SUCCESS) return st;
+extern "C" opsmith_status opsmith_rms_norm_bwd_cuda(opsmith_dtype dtype, int64_t rows, int64_t n, const void *dy,
+                                                    int64_t dy_row_stride, const void *x, int64_t x_row_stride,
+                                                    const void *weight, const void *inv_rms, void *dx,
+                                                    int64_t dx_row_stride, void *dweight, void *workspace,
+                                                    size_t workspace_bytes, opsmith_cuda_stream stream) {
+    static const char op[] = "rms_norm_bwd_cuda";
     void *dw = weight ? dweight : nullptr;
+    opsmith_status st = opsmith_internal_rms_norm_check(op, dtype, rows, n, x, x_row_stride, 1, dy, dy_row_stride,
+                                                        weight, 0.0, dx, dx_row_stride, inv_rms, dw);
+    if (st != OPSMITH_STATUS_SUCCESS) return st;
     if (rows == 0) {
         /* no rows: the weight gradient is an empty sum */
         if (dw && cudaMemsetAsync(dw, 0, (size_t)n * opsmith_dtype_size(dtype), stream) != cudaSuccess)
             return launch_status();
         return OPSMITH_STATUS_SUCCESS;
     }
-    if (dw) {
-        if (workspace_bytes < opsmith_rms_norm_bwd_cuda_workspace_size(dtype, rows, n, 1))
-            return OPSMITH_STATUS_WORKSPACE_TOO_SMALL;
-        if (!workspace || !aligned16(workspace)) return OPSMITH_STATUS_MISALIGNED;
-    }
-    switch (dtype) {
-    case OPSMITH_DTYPE_F64:
-        return bwd<OPSMITH_DTYPE_F64>(rows, n, dy, dy_row_stride, x, x_row_stride, weight, inv_rms, dx, dw, workspace, stream);
-    case OPSMITH_DTYPE_F32:
-        return bwd<OPSMITH_DTYPE_F32>(rows, n, dy, dy_row_stride, x, x_row_stride, weight, inv_rms, dx, dw, workspace, stream);
-    case OPSMITH_DTYPE_F16:
-        return bwd<OPSMITH_DTYPE_F16>(rows, n, dy, dy_row_stride, x, x_row_stride, weight, inv_rms, dx, dw, workspace, stream);
-    case OPSMITH_DTYPE_BF16:
-        return bwd<OPSMITH_DTYPE_BF16>(rows, n, dy, dy_row_stride, x, x_row_stride, weight, inv_rms, dx, dw, workspace, stream);
-    default: return OPSMITH_STATUS_UNSUPPORTED_DTYPE;
-    }
+    st = opsmith_internal_check_workspace(op, workspace, workspace_bytes,
+                                          opsmith_rms_norm_bwd_cuda_workspace_size(dtype, rows, n, dy, dy_row_stride, x,
+                                                                                   x_row_stride, weight, inv_rms, dx,
+                                                                                   dx_row_stride, dw));
+    if (st != OPSMITH_STATUS_SUCCESS) return st;
+    return dispatch_float(dtype, OPSMITH_STATUS_UNSUPPORTED_DTYPE, [&](auto tag) {
+        return bwd<decltype(tag)::value>(rows, n, dy, dy_row_stride, x, x_row_stride, weight, inv_rms, dx,
+                                         dx_row_stride, dw, workspace, stream);
+    });
 }

@@ -1,13 +1,20 @@
-// Route A: the same bridge functions as a pybind11 module (opsmith._pybind),
-// outside the dispatcher; opsmith/pybind.py wraps them in autograd.Functions.
+// Route A: opsmith._pybind, a pybind11 module over the same bridge functions
+// as route B, outside the dispatcher; opsmith/ops/<op>.py wraps them in
+// torch.autograd.Functions. Each op's bind_<op> lives in its bridge file,
+// compiled here with OPSMITH_ROUTE_A so it registers nothing with the dispatcher.
 #include <torch/extension.h>
 
-#include "bridge.h"
+#include "op_list.h"
+
+namespace opsmith {
+#define OPSMITH_DECLARE_BIND(op) void bind_##op(pybind11::module_ &m);
+OPSMITH_OPS(OPSMITH_DECLARE_BIND)
+#undef OPSMITH_DECLARE_BIND
+} // namespace opsmith
 
 PYBIND11_MODULE(_pybind, m) {
     m.doc() = "opsmith route A: pybind11 bindings over the C kernels";
-    m.def("rms_norm_fwd", &opsmith::rms_norm_fwd, "RMSNorm forward: (y, inv_rms)", py::arg("x"),
-          py::arg("weight"), py::arg("eps") = py::none());
-    m.def("rms_norm_bwd", &opsmith::rms_norm_bwd, "RMSNorm backward: (dx, dweight)", py::arg("dy"),
-          py::arg("x"), py::arg("weight"), py::arg("inv_rms"));
+#define OPSMITH_CALL_BIND(op) opsmith::bind_##op(m);
+    OPSMITH_OPS(OPSMITH_CALL_BIND)
+#undef OPSMITH_CALL_BIND
 }

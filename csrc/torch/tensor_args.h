@@ -1,6 +1,8 @@
 // Helpers every bridge function uses to turn tensors into C ABI arguments.
 #pragma once
 
+#include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
 
@@ -79,7 +81,8 @@ inline void check_device_supported(const at::Tensor &x, const char *op) {
 
 // A tensor seen as (rows, n): its last dim contiguous and its leading dims
 // collapsible into one row stride. Views that are not (transposed last dims,
-// overlapping rows) are copied once into a contiguous tensor.
+// overlapping rows) are copied once into a contiguous tensor. Outputs are
+// allocated contiguous, so their row stride is n.
 struct Rows {
     at::Tensor tensor; // keeps a copy alive when one was made
     int64_t rows;
@@ -104,10 +107,25 @@ inline Rows as_rows(const at::Tensor &t) {
     return Rows{t, rows, n, stride};
 }
 
+// A failed launch: the C library's message names the argument (or carries
+// the CUDA runtime's); the bridge's own checks normally catch bad input first.
 inline void check_status(opsmith_status status, const char *op) {
-    if (status == OPSMITH_STATUS_CUDA_ERROR)
-        TORCH_CHECK(false, op, ": CUDA error: ", opsmith_last_cuda_error());
-    TORCH_CHECK(status == OPSMITH_STATUS_SUCCESS, op, ": ", opsmith_status_string(status));
+    TORCH_CHECK(status == OPSMITH_STATUS_SUCCESS, op, ": ", opsmith_status_string(status), ": ",
+                opsmith_last_error());
 }
+
+// The CPU kernels run on as many threads as torch.set_num_threads says.
+// opsmith's OpenMP runtime may not be the one PyTorch's wheel bundles, so
+// omp_set_num_threads in one does not reach the other: pass the count along.
+inline void use_torch_cpu_threads() { opsmith_set_num_threads(at::get_num_threads()); }
+
+// Workspace on the tensor's device from PyTorch's allocator (so a CUDA graph
+// capture and stream ordering hold); aligned as the ABI asks (both of
+// PyTorch's allocators align to at least 64 bytes).
+inline at::Tensor workspace(size_t bytes, const at::Tensor &like) {
+    return at::empty({(int64_t)bytes}, like.options().dtype(at::kByte));
+}
+
+inline void *data_or_null(at::Tensor &t) { return t.numel() ? t.data_ptr() : nullptr; }
 
 } // namespace opsmith

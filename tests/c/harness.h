@@ -53,8 +53,15 @@ static inline double rng_value(test_rng *r)
     return v;
 }
 
-/* Test groups, one per file. */
-void test_types(void);
-void test_rms_norm(void);
+/* Test groups register themselves, so adding a test file needs no central
+ * list: `HARNESS_GROUP(test_foo) { ...checks... }` defines the group and a
+ * constructor that enrolls it before main runs every group in turn. */
+typedef void (*harness_group_fn)(void);
+void harness_register(const char *name, harness_group_fn fn);
+
+#define HARNESS_GROUP(name)                                                                        \
+    static void name(void);                                                                        \
+    __attribute__((constructor)) static void name##_register(void) { harness_register(#name, name); } \
+    static void name(void)
 
 #endif /* OPSMITH_TEST_HARNESS_H */

@@ -65,11 +65,12 @@ typedef struct rms_case {
     int in_off;            /* x and dy start one element past an aligned address */
     int out_off;           /* weight, y, dx, dweight one element off too */
     double eps;
+    int64_t out_pad;       /* extra elements between y (and dx) rows: must stay untouched */
 } rms_case;
 
 typedef struct rms_data {
     char name[160];
-    int64_t xs, dys;           /* row strides in elements */
+    int64_t xs, dys, ys;       /* row strides in elements (ys: y and dx) */
     image x, dy, w, inv_in;    /* inputs; inv_in in the accumulate dtype */
     double *xd, *dyd, *wd, *inv_d; /* the same values, widened, contiguous */
     double *y_ref, *inv_ref, *dx_ref, *dw_ref;
@@ -82,24 +83,30 @@ typedef struct bwd_out {
 
 bwd_out bwd_out_new(const rms_case *c);
 void bwd_out_free(bwd_out *o);
-void check_fwd(const rms_case *c, const rms_data *d, const char *be, const image *y,
+/* y (dx) is checked row by row with row stride ys (dxs); elements between
+ * rows must still hold their poison. */
+void check_fwd(const rms_case *c, const rms_data *d, const char *be, const image *y, int64_t ys,
                const image *inv);
-void check_bwd(const rms_case *c, const rms_data *d, const char *be, const image *dx,
+void check_bwd(const rms_case *c, const rms_data *d, const char *be, const image *dx, int64_t dxs,
                const image *dw);
+/* A copy of an input image, for the in-place runs (y = x, dx = dy). */
+image image_copy(const image *im);
 void check_same(const rms_case *c, const rms_data *d, const char *be, const char *how,
                 const bwd_out *a, const bwd_out *b);
 
 /* Arguments of one launcher call, for the bad-argument tests. */
 typedef struct call_args {
     opsmith_dtype dt;
-    int64_t rows, n, xs, dys;
+    int64_t rows, n, xs, dys, ys, dxs;
     const void *x, *dy, *w, *inv_in;
     double eps;
     void *y, *inv, *dx, *dw, *ws;
     size_t ws_bytes;
 } call_args;
 
-/* base must be a valid call with rows = 2, n = 4, all row strides 4. */
+/* base must be a valid call with rows = 2, n = 4, all row strides 4, and a
+ * workspace of ws_bytes >= what the backward needs, aligned to
+ * OPSMITH_WORKSPACE_ALIGNMENT with 64 bytes to spare. */
 void test_bad_args(int cuda, const call_args *base);
 
 /* CUDA side (test_rms_norm_cuda.c). cuda_begin returns 1 when CUDA cases
@@ -110,5 +117,9 @@ void cuda_end(int cuda);
 void run_cuda(const rms_case *c, const rms_data *d);
 void test_bad_args_cuda(opsmith_dtype dt);
 void test_cuda_plans(void);
+
+/* A host workspace as the ABI asks: aligned to OPSMITH_WORKSPACE_ALIGNMENT,
+ * with 64 spare bytes so a deliberately misaligned pointer stays inside. */
+void *workspace_alloc(size_t bytes);
 
 #endif /* OPSMITH_TEST_RMS_NORM_CASES_H */

@@ -3,6 +3,7 @@
  * status is nonzero when any check failed. */
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "harness.h"
 
@@ -32,10 +33,44 @@ void harness_skip(int count)
     g_skipped += count;
 }
 
+enum { MAX_GROUPS = 256 };
+static struct {
+    const char *name;
+    harness_group_fn fn;
+} g_groups[MAX_GROUPS];
+static int g_group_count;
+
+void harness_register(const char *name, harness_group_fn fn)
+{
+    if (g_group_count == MAX_GROUPS) {
+        fprintf(stderr, "harness: more than %d test groups; %s not run\n", MAX_GROUPS, name);
+        g_failed++;
+        return;
+    }
+    g_groups[g_group_count].name = name;
+    g_groups[g_group_count].fn = fn;
+    g_group_count++;
+}
+
 int main(void)
 {
-    test_types();
-    test_rms_norm();
+    /* in name order, so every build runs the groups in the same order */
+    for (int i = 1; i < g_group_count; i++)
+        for (int j = i; j > 0 && strcmp(g_groups[j - 1].name, g_groups[j].name) > 0; j--) {
+            const char *n = g_groups[j].name;
+            harness_group_fn f = g_groups[j].fn;
+            g_groups[j] = g_groups[j - 1];
+            g_groups[j - 1].name = n, g_groups[j - 1].fn = f;
+        }
+    for (int i = 0; i < g_group_count; i++) {
+        const long before = g_failed;
+        g_groups[i].fn();
+        printf("group %s: %s\n", g_groups[i].name, g_failed == before ? "ok" : "FAILED");
+    }
+    if (g_group_count == 0) {
+        printf("no test groups registered\n");
+        g_failed++;
+    }
     printf("%ld passed, %ld failed, %ld skipped\n", g_passed, g_failed, g_skipped);
     return g_failed != 0;
 }

@@ -8,7 +8,7 @@
 #if TEST_CUDA
 #include <cuda_runtime_api.h>
 
-#include "internal.h"
+#include "internal/rms_norm.h"
 
 /* Records a failure only, so successful API calls do not inflate the count. */
 static int cuda_ok(cudaError_t e, const char *expr, const char *where)
@@ -71,14 +71,15 @@ static int download(image *im, const unsigned char *dev, const char *where)
 
 static void *dptr(unsigned char *dev, const image *im) { return dev ? dev + im->lead : NULL; }
 
-enum { D_X, D_DY, D_W, D_INV_IN, D_Y, D_INV, D_ADX, D_ADW, D_BDX, D_BDW, D_COUNT };
+/* D_XY and D_DYX hold copies of x and dy for the in-place runs. */
+enum { D_X, D_DY, D_W, D_INV_IN, D_Y, D_INV, D_ADX, D_ADW, D_BDX, D_BDW, D_XY, D_DYX, D_COUNT };
 
 static opsmith_status cuda_bwd(const rms_case *c, const rms_data *d, unsigned char **dev,
                                int dx_slot, const bwd_out *o, void *ws, size_t ws_bytes)
 {
     return opsmith_rms_norm_bwd_cuda(c->dt, c->rows, c->n, dptr(dev[D_DY], &d->dy), d->dys,
                                      dptr(dev[D_X], &d->x), d->xs, dptr(dev[D_W], &d->w),
-                                     dptr(dev[D_INV_IN], &d->inv_in), dptr(dev[dx_slot], &o->dx),
+                                     dptr(dev[D_INV_IN], &d->inv_in), dptr(dev[dx_slot], &o->dx), d->ys,
                                      dptr(dev[dx_slot + 1], &o->dw), ws, ws_bytes, NULL);
 }
 
@@ -87,14 +88,17 @@ void run_cuda(const rms_case *c, const rms_data *d)
     const char *name = d->name;
     const size_t es = opsmith_dtype_size(c->dt);
     const size_t aes = opsmith_dtype_size(opsmith_dtype_accumulate(c->dt));
-    image y = image_new(GUARD + (size_t)c->out_off * es, (size_t)(c->rows * c->n) * es);
+    image y = image_new(GUARD + (size_t)c->out_off * es, (size_t)(c->rows * d->ys) * es);
     image inv = image_new(GUARD, (size_t)c->rows * aes);
+    image xy = image_copy(&d->x), dyx = image_copy(&d->dy);
     bwd_out a = bwd_out_new(c), b = bwd_out_new(c);
     unsigned char *dev[D_COUNT] = {NULL};
-    const image *host[D_COUNT] = {&d->x, &d->dy, &d->w, &d->inv_in, &y, &inv, &a.dx, &a.dw, &b.dx, &b.dw};
+    const image *host[D_COUNT] = {&d->x, &d->dy, &d->w, &d->inv_in, &y, &inv, &a.dx, &a.dw, &b.dx, &b.dw, &xy, &dyx};
     void *ws = NULL;
-    const size_t ws_bytes = opsmith_rms_norm_bwd_cuda_workspace_size(c->dt, c->rows, c->n,
-                                                                     c->weight && c->dweight);
+    /* the size query takes the launcher's arguments; only NULL or not matters */
+    const size_t ws_bytes = opsmith_rms_norm_bwd_cuda_workspace_size(
+        c->dt, c->rows, c->n, img(&d->dy), d->dys, img(&d->x), d->xs, img(&d->w), img(&d->inv_in), img(&a.dx),
+        d->ys, img(&a.dw));
     int ok = 1;
     for (int k = 0; k < D_COUNT && ok; k++)
         ok = upload(&dev[k], host[k], name);
@@ -102,26 +106,44 @@ void run_cuda(const rms_case *c, const rms_data *d)
         goto done;
 
     opsmith_status st = opsmith_rms_norm_fwd_cuda(c->dt, c->rows, c->n, dptr(dev[D_X], &d->x), d->xs,
-                                                  dptr(dev[D_W], &d->w), c->eps, dptr(dev[D_Y], &y),
+                                                  dptr(dev[D_W], &d->w), c->eps, dptr(dev[D_Y], &y), d->ys,
                                                   dptr(dev[D_INV], &inv), NULL);
     if (CHECK(st == OPSMITH_STATUS_SUCCESS, "cuda %s: fwd returned \"%s\" (%s)", name,
-              opsmith_status_string(st), opsmith_last_cuda_error()) &&
+              opsmith_status_string(st), opsmith_last_error()) &&
         CUDA_OK(cudaDeviceSynchronize(), name) && download(&y, dev[D_Y], name) &&
         download(&inv, dev[D_INV], name))
-        check_fwd(c, d, "cuda", &y, &inv);
+        check_fwd(c, d, "cuda", &y, d->ys, &inv);
+
+    /* in place: y over the copy of x, dx over the copy of dy */
+    st = opsmith_rms_norm_fwd_cuda(c->dt, c->rows, c->n, dptr(dev[D_XY], &xy), d->xs, dptr(dev[D_W], &d->w), c->eps,
+                                   dptr(dev[D_XY], &xy), d->xs, dptr(dev[D_INV], &inv), NULL);
+    if (CHECK(st == OPSMITH_STATUS_SUCCESS, "cuda %s: in-place fwd returned \"%s\" (%s)", name,
+              opsmith_status_string(st), opsmith_last_error()) &&
+        CUDA_OK(cudaDeviceSynchronize(), name) && download(&xy, dev[D_XY], name))
+        check_fwd(c, d, "cuda in-place", &xy, d->xs, &inv);
+    st = opsmith_rms_norm_bwd_cuda(c->dt, c->rows, c->n, dptr(dev[D_DYX], &dyx), d->dys, dptr(dev[D_X], &d->x), d->xs,
+                                   dptr(dev[D_W], &d->w), dptr(dev[D_INV_IN], &d->inv_in), dptr(dev[D_DYX], &dyx),
+                                   d->dys, NULL, NULL, 0, NULL);
+    if (CHECK(st == OPSMITH_STATUS_SUCCESS, "cuda %s: in-place bwd returned \"%s\" (%s)", name,
+              opsmith_status_string(st), opsmith_last_error()) &&
+        CUDA_OK(cudaDeviceSynchronize(), name) && download(&dyx, dev[D_DYX], name)) {
+        rms_case no_dw = *c;
+        no_dw.dweight = 0;
+        check_bwd(&no_dw, d, "cuda in-place", &dyx, d->dys, NULL);
+    }
 
     st = cuda_bwd(c, d, dev, D_ADX, &a, ws, ws_bytes);
     if (!CHECK(st == OPSMITH_STATUS_SUCCESS, "cuda %s: bwd returned \"%s\" (%s)", name,
-               opsmith_status_string(st), opsmith_last_cuda_error()) ||
+               opsmith_status_string(st), opsmith_last_error()) ||
         !CUDA_OK(cudaDeviceSynchronize(), name) || !download(&a.dx, dev[D_ADX], name) ||
         !download(&a.dw, dev[D_ADW], name))
         goto done;
-    check_bwd(c, d, "cuda", &a.dx, &a.dw);
+    check_bwd(c, d, "cuda", &a.dx, d->ys, &a.dw);
 
     /* Same inputs again, workspace reused: dx and dweight must repeat bit for bit. */
     st = cuda_bwd(c, d, dev, D_BDX, &b, ws, ws_bytes);
     if (CHECK(st == OPSMITH_STATUS_SUCCESS, "cuda %s: 2nd bwd returned \"%s\" (%s)", name,
-              opsmith_status_string(st), opsmith_last_cuda_error()) &&
+              opsmith_status_string(st), opsmith_last_error()) &&
         CUDA_OK(cudaDeviceSynchronize(), name) && download(&b.dx, dev[D_BDX], name) &&
         download(&b.dw, dev[D_BDW], name))
         check_same(c, d, "cuda", "second run", &a, &b);
@@ -131,7 +153,7 @@ done:
             CUDA_OK(cudaFree(dev[k]), name);
     if (ws)
         CUDA_OK(cudaFree(ws), name);
-    image_free(&y), image_free(&inv);
+    image_free(&y), image_free(&inv), image_free(&xy), image_free(&dyx);
     bwd_out_free(&a), bwd_out_free(&b);
 }
 
@@ -142,14 +164,18 @@ void test_bad_args_cuda(opsmith_dtype dt)
      * the valid base call computes on finite numbers. */
     enum { X, DY, W, INV_IN, Y, INV, DX, DW, COUNT };
     void *p[COUNT] = {NULL}, *ws = NULL;
-    const size_t ws_bytes = opsmith_rms_norm_bwd_cuda_workspace_size(dt, 2, 4, 1);
     int ok = 1;
     for (int k = 0; k < COUNT && ok; k++)
         ok = CUDA_OK(cudaMalloc(&p[k], 256), where) && CUDA_OK(cudaMemset(p[k], 0, 256), where);
+    const size_t ws_bytes = ok ? opsmith_rms_norm_bwd_cuda_workspace_size(dt, 2, 4, p[DY], 4, p[X], 4, p[W],
+                                                                          p[INV_IN], p[DX], 4, p[DW])
+                               : 0;
+    CHECK(!ok || ws_bytes > 0, "cuda %s: the backward with dweight needs a workspace, size query says 0",
+          opsmith_dtype_name(dt));
     if (ok && ws_bytes)
-        ok = CUDA_OK(cudaMalloc(&ws, ws_bytes), where);
+        ok = CUDA_OK(cudaMalloc(&ws, ws_bytes + 64), where); /* room for the misaligned case */
     if (ok) {
-        const call_args base = {dt, 2, 4, 4, 4, p[X], p[DY], p[W], p[INV_IN], 1e-6,
+        const call_args base = {dt, 2, 4, 4, 4, 4, 4, p[X], p[DY], p[W], p[INV_IN], 1e-6,
                                 p[Y], p[INV], p[DX], p[DW], ws, ws_bytes};
         test_bad_args(1, &base);
         /* A rejected call must not leave an error behind for the next one. */
@@ -221,11 +247,13 @@ int cuda_begin(void)
     /* A CUDA-less build must answer CUDA_UNAVAILABLE to a valid call; these
      * host buffers are never touched by such a build. */
     static float x[8], dy[8], inv_in[2] = {1.0f, 1.0f}, y[8], inv[2], dx[8];
-    opsmith_status st = opsmith_rms_norm_fwd_cuda(OPSMITH_DTYPE_F32, 2, 4, x, 4, NULL, 1e-6, y,
+    opsmith_status st = opsmith_rms_norm_fwd_cuda(OPSMITH_DTYPE_F32, 2, 4, x, 4, NULL, 1e-6, y, 4,
                                                   inv, NULL);
     CHECK(st == OPSMITH_STATUS_CUDA_UNAVAILABLE, "CUDA-less fwd_cuda returned \"%s\"",
           opsmith_status_string(st));
-    st = opsmith_rms_norm_bwd_cuda(OPSMITH_DTYPE_F32, 2, 4, dy, 4, x, 4, NULL, inv_in, dx, NULL,
+    CHECK(strstr(opsmith_last_error(), "without CUDA") != NULL, "CUDA-less fwd_cuda: last_error \"%s\"",
+          opsmith_last_error());
+    st = opsmith_rms_norm_bwd_cuda(OPSMITH_DTYPE_F32, 2, 4, dy, 4, x, 4, NULL, inv_in, dx, 4, NULL,
                                    NULL, 0, NULL);
     CHECK(st == OPSMITH_STATUS_CUDA_UNAVAILABLE, "CUDA-less bwd_cuda returned \"%s\"",
           opsmith_status_string(st));

@@ -24,17 +24,19 @@ static void test_status_strings(void)
     /* Out of range values must still give a printable string. */
     CHECK(opsmith_status_string(OPSMITH_STATUS_COUNT) != NULL, "status_string(COUNT) is NULL");
     CHECK(opsmith_status_string((opsmith_status)1000) != NULL, "status_string(1000) is NULL");
-    CHECK(opsmith_last_cuda_error() != NULL, "last_cuda_error() is NULL");
+    CHECK(opsmith_last_error() != NULL, "last_error() is NULL");
     int has = opsmith_has_cuda();
     CHECK(has == 0 || has == 1, "has_cuda() = %d, expected 0 or 1", has);
 }
 
 static void test_dtype_metadata(void)
 {
-    static const char *const names[] = {"f64", "f32", "f16", "bf16"};
-    static const size_t sizes[] = {8, 4, 2, 2};
-    static const opsmith_dtype accum[] = {OPSMITH_DTYPE_F64, OPSMITH_DTYPE_F32,
-                                          OPSMITH_DTYPE_F32, OPSMITH_DTYPE_F32};
+    static const char *const names[] = {"f64", "f32", "f16", "bf16", "i32", "i64"};
+    static const size_t sizes[] = {8, 4, 2, 2, 4, 8};
+    static const int is_float[] = {1, 1, 1, 1, 0, 0};
+    static const opsmith_dtype accum[] = {OPSMITH_DTYPE_F64, OPSMITH_DTYPE_F32, OPSMITH_DTYPE_F32,
+                                          OPSMITH_DTYPE_F32, OPSMITH_DTYPE_I64, OPSMITH_DTYPE_I64};
+    _Static_assert(sizeof names / sizeof names[0] == OPSMITH_DTYPE_COUNT, "a name for every dtype");
     for (int d = 0; d < OPSMITH_DTYPE_COUNT; d++) {
         const char *name = opsmith_dtype_name((opsmith_dtype)d);
         CHECK(name != NULL && strcmp(name, names[d]) == 0, "dtype_name(%d) = \"%s\", expected \"%s\"",
@@ -44,7 +46,10 @@ static void test_dtype_metadata(void)
         opsmith_dtype acc = opsmith_dtype_accumulate((opsmith_dtype)d);
         CHECK(acc == accum[d], "dtype_accumulate(%s) = %d, expected %d", names[d], (int)acc,
               (int)accum[d]);
+        CHECK(opsmith_dtype_is_float((opsmith_dtype)d) == is_float[d], "dtype_is_float(%s) = %d", names[d],
+              opsmith_dtype_is_float((opsmith_dtype)d));
     }
+    CHECK(opsmith_dtype_is_float(OPSMITH_DTYPE_COUNT) == 0, "dtype_is_float(COUNT) = 1");
     const opsmith_dtype bad[] = {OPSMITH_DTYPE_COUNT, (opsmith_dtype)77};
     for (int i = 0; i < 2; i++) {
         const char *name = opsmith_dtype_name(bad[i]);
@@ -216,19 +221,49 @@ static void test_indexing(void)
         for (int i = 0; i < 8; i++)
             opsmith_store_from_double(dt, buf, i, (double)(i + 1));
         memcpy(before, buf, sizeof buf);
-        opsmith_store_from_double(dt, buf, 5, -0.5);
+        const double v = opsmith_dtype_is_float(dt) ? -0.5 : -3.0;
+        opsmith_store_from_double(dt, buf, 5, v);
         int others_same = memcmp(buf, before, 5 * es) == 0 &&
                           memcmp(buf + 6 * es, before + 6 * es, 2 * es) == 0;
         CHECK(others_same, "%s: store at index 5 changed other elements", opsmith_dtype_name(dt));
-        int loads_ok = opsmith_load_as_double(dt, buf, 5) == -0.5 &&
+        int loads_ok = opsmith_load_as_double(dt, buf, 5) == v &&
                        opsmith_load_as_double(dt, buf, 7) == 8.0 &&
                        opsmith_load_as_double(dt, buf + es, 1) == 3.0;
         CHECK(loads_ok, "%s: load at index gives wrong element", opsmith_dtype_name(dt));
     }
 }
 
-void test_types(void)
+/* The version the header promises is the library's, and the core's
+ * thread setting is per thread and round-trips. */
+static void test_version_and_threads(void)
 {
+    CHECK(opsmith_abi_version() == OPSMITH_ABI_VERSION, "abi_version() = %d, header says %d", opsmith_abi_version(),
+          OPSMITH_ABI_VERSION);
+    char want[32];
+    snprintf(want, sizeof want, "%d.%d.%d", OPSMITH_VERSION_MAJOR, OPSMITH_VERSION_MINOR, OPSMITH_VERSION_PATCH);
+    CHECK(strcmp(opsmith_version(), want) == 0, "version() = \"%s\", header says \"%s\"", opsmith_version(), want);
+    const int dflt = opsmith_get_num_threads();
+    CHECK(dflt >= 1, "get_num_threads() = %d by default", dflt);
+    opsmith_set_num_threads(3);
+    CHECK(opsmith_get_num_threads() == 3, "after set_num_threads(3): %d", opsmith_get_num_threads());
+    opsmith_set_num_threads(-2);
+    CHECK(opsmith_get_num_threads() == dflt, "set_num_threads(-2) must mean the default, got %d",
+          opsmith_get_num_threads());
+    opsmith_set_num_threads(0);
+    CHECK(opsmith_get_num_threads() == dflt, "set_num_threads(0): %d, default %d", opsmith_get_num_threads(), dflt);
+    /* i32/i64 convert exactly */
+    int64_t i64 = 0;
+    opsmith_store_from_double(OPSMITH_DTYPE_I64, &i64, 0, 9007199254740992.0);
+    CHECK(i64 == 9007199254740992LL, "i64 store of 2^53 = %lld", (long long)i64);
+    int32_t i32 = 0;
+    opsmith_store_from_double(OPSMITH_DTYPE_I32, &i32, 0, -2147483648.0);
+    CHECK(i32 == INT32_MIN && opsmith_load_as_double(OPSMITH_DTYPE_I32, &i32, 0) == -2147483648.0,
+          "i32 round trip of INT32_MIN gave %d", (int)i32);
+}
+
+HARNESS_GROUP(test_types)
+{
+    test_version_and_threads();
     test_status_strings();
     test_dtype_metadata();
     test_roundtrip_16(OPSMITH_DTYPE_F16);

@@ -1,0 +1,65 @@
+/* Deterministic column sums of partial rows: how row kernels reduce a
+ * weight (or bias) gradient without float atomics. Each block of the main
+ * kernel writes its own partial row; these launches add the rows in a fixed
+ * order, so the same inputs give the same bits on every run. */
+#pragma once
+
+#include "common.cuh"
+
+namespace opsmith {
+
+/* out[c] = the sum of partial rows [c * per_chunk, (c + 1) * per_chunk), in
+ * a fixed order (deterministic). A block covers 32 columns of one chunk; its
+ * 8 thread rows each sum every 8th partial row (coalesced 32-wide reads),
+ * then one thread row adds the 8 results. With many partial rows the
+ * backward runs it twice: chunks of kReduceChunk rows into the workspace
+ * tail (many blocks, so many loads in flight), then the chunk sums into
+ * dweight (one chunk). */
+constexpr int kReduceCols = 32, kReduceSlices = 8;
+constexpr int64_t kReduceChunk = 64;
+
+template <typename Out, typename A>
+__global__ void column_sum_kernel(int64_t parts, int64_t per_chunk, int64_t n,
+                                        const A *__restrict__ partial, Out *__restrict__ out) {
+    __shared__ A tile[kReduceSlices][kReduceCols + 1];
+    const int64_t col = (int64_t)blockIdx.x * kReduceCols + threadIdx.x;
+    const int64_t p0 = (int64_t)blockIdx.y * per_chunk;
+    const int64_t p1 = p0 + per_chunk < parts ? p0 + per_chunk : parts;
+    A s = 0;
+    if (col < n)
+        for (int64_t p = p0 + threadIdx.y; p < p1; p += kReduceSlices) s += partial[p * n + col];
+    tile[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && col < n) {
+        A total = 0;
+#pragma unroll
+        for (int k = 0; k < kReduceSlices; k++) total += tile[k][threadIdx.x];
+        out[(int64_t)blockIdx.y * n + col] = from_acc<Out>(total);
+    }
+}
+
+/* Rows of chunk sums the two-pass reduction of `parts` partial rows keeps
+ * after the partial rows in the workspace; 0 when one pass does. */
+inline int64_t reduce_chunks(int64_t parts) {
+    return parts > 4 * kReduceChunk ? (parts + kReduceChunk - 1) / kReduceChunk : 0;
+}
+
+/* out (n) = the column sums of partial (parts, n), in storage type Out.
+ * With many partial rows, two launches: chunk sums into `scratch`
+ * (reduce_chunks(parts) rows of n, after the partial rows in the
+ * workspace), then the chunk sums into out. */
+template <typename Out, typename A>
+void sum_partial_rows(int64_t parts, int64_t n, const A *partial, A *scratch, Out *out, cudaStream_t stream) {
+    const unsigned cols = (unsigned)((n + kReduceCols - 1) / kReduceCols);
+    const dim3 block(kReduceCols, kReduceSlices);
+    const int64_t chunks = reduce_chunks(parts);
+    if (chunks) {
+        column_sum_kernel<A, A><<<dim3(cols, (unsigned)chunks), block, 0, stream>>>(parts, kReduceChunk, n, partial,
+                                                                                   scratch);
+        column_sum_kernel<Out, A><<<cols, block, 0, stream>>>(chunks, chunks, n, scratch, out);
+    } else {
+        column_sum_kernel<Out, A><<<cols, block, 0, stream>>>(parts, parts, n, partial, out);
+    }
+}
+
+} // namespace opsmith

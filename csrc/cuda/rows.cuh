@@ -1,0 +1,112 @@
+/* Row kernels' building blocks: the elements a thread handles per step
+ * (a 16-byte pack or one element), the row groups that own rows (a warp
+ * for short rows, the whole block for long ones), the generic kernels'
+ * launch shape, and the per-thread pack loop of register-resident kernels.
+ * Header-only (templates and constexpr), safe in any number of .cu files. */
+#pragma once
+
+#include "common.cuh"
+
+namespace opsmith {
+
+constexpr int kMaxThreads = 1024;
+constexpr int kMaxGrid = 1 << 16;
+
+/* The generic kernels' row loops run a trip count known only at run time;
+ * unrolling them by 4 lets a thread issue 4 loads before it waits on any,
+ * which is what keeps enough bytes in flight on wide rows. */
+#define OPSMITH_UNROLL_4 _Pragma("unroll 4")
+
+/* Elements a thread handles per step: a pack, or one element. */
+template <typename T, bool PACKED> struct Step {
+    static constexpr int N = PACKED ? Pack<T>::VEC : 1;
+};
+
+/* Read N consecutive elements starting at p into accumulate type. */
+template <typename T, typename A, bool PACKED>
+__device__ __forceinline__ void load_acc(const T *p, A (&out)[Step<T, PACKED>::N]) {
+    if constexpr (PACKED) {
+        Pack<T> pk = load_pack(p);
+#pragma unroll
+        for (int k = 0; k < Pack<T>::VEC; k++) out[k] = to_acc(pk.v[k]);
+    } else {
+        out[0] = to_acc(p[0]);
+    }
+}
+
+template <typename T, typename A, bool PACKED>
+__device__ __forceinline__ void store_acc(T *p, const A (&in)[Step<T, PACKED>::N]) {
+    if constexpr (PACKED) {
+        Pack<T> pk;
+#pragma unroll
+        for (int k = 0; k < Pack<T>::VEC; k++) pk.v[k] = from_acc<T>(in[k]);
+        store_pack(p, pk);
+    } else {
+        p[0] = from_acc<T>(in[0]);
+    }
+}
+
+/* Sum across a row group: a warp, or the whole block. */
+template <bool WARP_ROWS, typename A> __device__ __forceinline__ A group_sum(A v, A *scratch) {
+    if constexpr (WARP_ROWS) return warp_sum(v);
+    else return block_sum(v, scratch);
+}
+
+/* Which rows a thread's row group owns: group g of the grid takes rows
+ * g, g + groups, ...; t is the thread's index inside its group. */
+template <bool WARP_ROWS> struct RowGroup {
+    const int threads = WARP_ROWS ? 32 : blockDim.x;
+    const int t = WARP_ROWS ? (threadIdx.x & 31) : threadIdx.x;
+    const int per_block = WARP_ROWS ? blockDim.x / 32 : 1;
+    const int index = WARP_ROWS ? threadIdx.x / 32 : 0;
+    __device__ int64_t first_row() const { return (int64_t)blockIdx.x * per_block + index; }
+    __device__ int64_t row_step() const { return (int64_t)gridDim.x * per_block; }
+};
+
+/* Launch shape of the generic row kernels. */
+struct Shape {
+    bool warp_rows; /* one warp per row (short rows) or one block per row */
+    int threads;
+    int64_t grid;
+    int64_t groups; /* row groups in the grid: partial rows for dweight */
+};
+
+inline Shape choose_shape(int64_t rows, int64_t n, int step, int64_t max_groups) {
+    Shape s;
+    const int64_t steps = n / step;
+    s.warp_rows = steps <= 32 * 4; /* a warp covers the row in at most 4 steps */
+    if (s.warp_rows) {
+        s.threads = 256;
+        const int64_t per_block = s.threads / 32;
+        int64_t groups = rows < max_groups ? rows : max_groups;
+        s.grid = (groups + per_block - 1) / per_block;
+        if (s.grid < 1) s.grid = 1;
+        s.groups = s.grid * per_block;
+    } else {
+        /* about 4 steps a thread, a whole number of warps, at most 1024 */
+        int64_t t = (steps + 3) / 4;
+        t = (t + 31) / 32 * 32;
+        s.threads = (int)(t < 128 ? 128 : t > kMaxThreads ? kMaxThreads : t);
+        s.grid = rows < max_groups ? rows : max_groups;
+        if (s.grid < 1) s.grid = 1;
+        s.groups = s.grid;
+    }
+    return s;
+}
+
+/* Register-resident kernels keep a thread's packs of a row in registers:
+ * at most kResidentThreads x kResidentIters packs a row. */
+constexpr int kResidentThreads = 512, kResidentIters = 8;
+
+/* Calls f(it, i) for each of a thread's ITERS packs that lies inside the
+ * row: pack i = threadIdx.x + it * blockDim.x of `steps`. Unrolled, so the
+ * per-pack arrays f indexes stay in registers. */
+template <int ITERS, typename F> __device__ __forceinline__ void for_my_packs(int64_t steps, F f) {
+#pragma unroll
+    for (int it = 0; it < ITERS; it++) {
+        const int64_t i = threadIdx.x + (int64_t)it * blockDim.x;
+        if (i < steps) f(it, i);
+    }
+}
+
+} // namespace opsmith

@@ -1,0 +1,83 @@
+/* RMSNorm argument validation, shared by the CPU and CUDA launchers. */
+#include "internal/rms_norm.h"
+
+/* Byte range [lo, hi) of a (rows, n) tensor with a row stride. */
+typedef struct span {
+    uintptr_t lo, hi;
+} span;
+
+static span span_of(const void *p, int64_t rows, int64_t n, int64_t stride, size_t size) {
+    span s = {(uintptr_t)p, (uintptr_t)p + (size_t)((rows - 1) * stride + n) * size};
+    return s;
+}
+
+static int overlap(span a, span b) { return a.lo < b.hi && b.lo < a.hi; }
+
+opsmith_status opsmith_internal_rms_norm_check(const char *op, opsmith_dtype dtype, int64_t rows, int64_t n,
+                                               const void *x, int64_t x_row_stride, int backward, const void *dy,
+                                               int64_t dy_row_stride, const void *weight, double eps,
+                                               const void *out, int64_t out_row_stride,
+                                               const void *inv_rms, const void *dweight) {
+    const opsmith_status bad = OPSMITH_STATUS_INVALID_ARGUMENT;
+    const char *out_name = backward ? "dx" : "y";
+    opsmith_internal_clear_error();
+    if ((unsigned)dtype >= OPSMITH_DTYPE_COUNT || !opsmith_dtype_is_float(dtype))
+        return opsmith_internal_fail(OPSMITH_STATUS_UNSUPPORTED_DTYPE,
+                                     "%s: dtype must be f64, f32, f16 or bf16, got %s (%d)", op,
+                                     opsmith_dtype_name(dtype), (int)dtype);
+    if (rows < 0) return opsmith_internal_fail(bad, "%s: rows (%lld) must be >= 0", op, (long long)rows);
+    if (n < 1) return opsmith_internal_fail(bad, "%s: n (%lld) must be >= 1", op, (long long)n);
+    if (!(eps >= 0.0)) /* also rejects NaN */
+        return opsmith_internal_fail(bad, "%s: eps (%g) must be >= 0", op, eps);
+    if (rows == 0) return OPSMITH_STATUS_SUCCESS;
+    if (!x) return opsmith_internal_fail(bad, "%s: x is NULL", op);
+    if (!out) return opsmith_internal_fail(bad, "%s: %s is NULL", op, out_name);
+    if (!inv_rms) return opsmith_internal_fail(bad, "%s: inv_rms is NULL", op);
+    if (backward && !dy) return opsmith_internal_fail(bad, "%s: dy is NULL", op);
+    /* rows may share storage (stride 0, as in an expanded tensor) only if
+     * there is one row; otherwise a row must not overlap the next */
+    const struct { const char *name; int64_t stride; int present; } strides[] = {
+        {"x_row_stride", x_row_stride, 1},
+        {"dy_row_stride", dy_row_stride, backward},
+        {backward ? "dx_row_stride" : "y_row_stride", out_row_stride, 1},
+    };
+    for (size_t i = 0; i < sizeof strides / sizeof strides[0]; i++)
+        if (strides[i].present && rows > 1 && strides[i].stride < n)
+            return opsmith_internal_fail(bad, "%s: %s (%lld) must be >= n (%lld) when rows > 1", op,
+                                         strides[i].name, (long long)strides[i].stride, (long long)n);
+    const size_t size = opsmith_dtype_size(dtype);
+    const size_t acc_size = opsmith_dtype_size(opsmith_dtype_accumulate(dtype));
+    const struct { const char *name; const void *p; size_t align; } ptrs[] = {
+        {"x", x, size}, {"dy", dy, size}, {"weight", weight, size}, {out_name, out, size},
+        {"dweight", dweight, size}, {"inv_rms", inv_rms, acc_size},
+    };
+    for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++)
+        if (opsmith_internal_misaligned(ptrs[i].p, ptrs[i].align))
+            return opsmith_internal_fail(OPSMITH_STATUS_MISALIGNED, "%s: %s (%p) is not aligned to %zu bytes",
+                                         op, ptrs[i].name, ptrs[i].p, ptrs[i].align);
+    /* the output may be its one permitted input exactly (y = x forward,
+     * dx = dy backward), and must be apart from every other */
+    const span o = span_of(out, rows, n, out_row_stride, size);
+    const void *may_alias = backward ? dy : x;
+    const int64_t alias_stride = backward ? dy_row_stride : x_row_stride;
+    const struct { const char *name; span s; int present; } inputs[] = {
+        {"x", span_of(x, rows, n, x_row_stride, size), 1},
+        {"dy", backward ? span_of(dy, rows, n, dy_row_stride, size) : o, backward},
+        {"weight", weight ? span_of(weight, 1, n, n, size) : o, weight != NULL},
+    };
+    for (size_t i = 0; i < sizeof inputs / sizeof inputs[0]; i++) {
+        if (!inputs[i].present || !overlap(o, inputs[i].s)) continue;
+        const int exact = (uintptr_t)may_alias == inputs[i].s.lo && out == may_alias &&
+                          out_row_stride == alias_stride;
+        if (!exact)
+            return opsmith_internal_fail(bad, "%s: %s overlaps %s; it may only be %s itself (same pointer and row stride)",
+                                         op, out_name, inputs[i].name, backward ? "dy" : "x");
+    }
+    return OPSMITH_STATUS_SUCCESS;
+}
+
+size_t opsmith_internal_rms_norm_bwd_cpu_workspace(opsmith_dtype dtype, int64_t rows, int64_t n, int with_dweight) {
+    if (!with_dweight || rows <= 0 || n <= 0 || (unsigned)dtype >= OPSMITH_DTYPE_COUNT) return 0;
+    const int64_t chunks = rows < OPSMITH_RMS_NORM_CPU_DWEIGHT_CHUNKS ? rows : OPSMITH_RMS_NORM_CPU_DWEIGHT_CHUNKS;
+    return (size_t)(chunks * n) * opsmith_dtype_size(opsmith_dtype_accumulate(dtype));
+}

@@ -1,0 +1,40 @@
+/* What RMSNorm's CPU and CUDA launchers share: argument validation, and the
+ * CUDA plan query the tests use. Not exported. */
+#ifndef OPSMITH_INTERNAL_RMS_NORM_H
+#define OPSMITH_INTERNAL_RMS_NORM_H
+
+#include "internal.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Validates a forward call (backward = 0, out = y; dy is ignored) or a
+ * backward call (out = dx); `op` names the launcher in the error message.
+ * Checks the dtype, sizes, strides, NULL and misaligned pointers, eps and
+ * the aliasing rule (an output is its input exactly, or apart from it). */
+OPSMITH_INTERNAL opsmith_status opsmith_internal_rms_norm_check(
+    const char *op, opsmith_dtype dtype, int64_t rows, int64_t n, const void *x, int64_t x_row_stride,
+    int backward, const void *dy, int64_t dy_row_stride, const void *weight, double eps, const void *out,
+    int64_t out_row_stride, const void *inv_rms, const void *dweight);
+
+/* dweight partial sums of the CPU backward go through a fixed number of
+ * row chunks, summed in a fixed order: the result does not depend on the
+ * thread count. */
+#define OPSMITH_RMS_NORM_CPU_DWEIGHT_CHUNKS 64
+
+/* Workspace of the CPU backward: dweight partial sums over a fixed number
+ * of row chunks; 0 without dweight. */
+OPSMITH_INTERNAL size_t opsmith_internal_rms_norm_bwd_cpu_workspace(opsmith_dtype dtype, int64_t rows, int64_t n,
+                                                                    int with_dweight);
+
+/* The CUDA kernel family ("resident", "staged", "generic") a contiguous,
+ * aligned RMSNorm call of this shape takes on the current device, and the
+ * CTAs that share a row (cluster size) in *ctas; for tests. CUDA builds only. */
+OPSMITH_INTERNAL const char *opsmith_internal_rms_norm_cuda_plan(opsmith_dtype dtype, int64_t rows, int64_t n,
+                                                                 int backward, int *ctas);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* OPSMITH_INTERNAL_RMS_NORM_H */

@@ -1,0 +1,30 @@
+/* RMSNorm's CUDA launchers in a build without nvcc: they exist, and say so. */
+#include "internal.h"
+
+opsmith_status opsmith_rms_norm_fwd_cuda(opsmith_dtype dtype, int64_t rows, int64_t n, const void *x,
+                                         int64_t x_row_stride, const void *weight, double eps, void *y,
+                                         int64_t y_row_stride, void *inv_rms, opsmith_cuda_stream stream) {
+    (void)dtype, (void)rows, (void)n, (void)x, (void)x_row_stride, (void)weight, (void)eps;
+    (void)y, (void)y_row_stride, (void)inv_rms, (void)stream;
+    return opsmith_internal_fail(OPSMITH_STATUS_CUDA_UNAVAILABLE, "rms_norm_fwd_cuda: the library was built without CUDA");
+}
+
+size_t opsmith_rms_norm_bwd_cuda_workspace_size(opsmith_dtype dtype, int64_t rows, int64_t n, const void *dy,
+                                                int64_t dy_row_stride, const void *x, int64_t x_row_stride,
+                                                const void *weight, const void *inv_rms, void *dx,
+                                                int64_t dx_row_stride, void *dweight) {
+    (void)dtype, (void)rows, (void)n, (void)dy, (void)dy_row_stride, (void)x, (void)x_row_stride;
+    (void)weight, (void)inv_rms, (void)dx, (void)dx_row_stride, (void)dweight;
+    return 0;
+}
+
+opsmith_status opsmith_rms_norm_bwd_cuda(opsmith_dtype dtype, int64_t rows, int64_t n, const void *dy,
+                                         int64_t dy_row_stride, const void *x, int64_t x_row_stride,
+                                         const void *weight, const void *inv_rms, void *dx, int64_t dx_row_stride,
+                                         void *dweight, void *workspace, size_t workspace_bytes,
+                                         opsmith_cuda_stream stream) {
+    (void)dtype, (void)rows, (void)n, (void)dy, (void)dy_row_stride, (void)x, (void)x_row_stride;
+    (void)weight, (void)inv_rms, (void)dx, (void)dx_row_stride, (void)dweight, (void)workspace;
+    (void)workspace_bytes, (void)stream;
+    return opsmith_internal_fail(OPSMITH_STATUS_CUDA_UNAVAILABLE, "rms_norm_bwd_cuda: the library was built without CUDA");
+}
