@@ -281,6 +281,41 @@ def test_library_loads_alone_in_subprocess(tmp_path):
     assert proc.stdout.split() == [f"{v:.9f}" for v in expected]
 
 
+def test_library_alone_names_the_fake_impl_module(tmp_path):
+    # Loaded alone, the library names the module holding its fake kernels
+    # (m.set_python_module): under FakeTensorMode torch says to import it, and
+    # importing exactly that module makes the op traceable.
+    import os
+    path = str(opsmith.library_path())
+    root = os.path.dirname(os.path.dirname(os.path.abspath(opsmith.__file__)))
+    code = textwrap.dedent(
+        f"""
+        import sys
+        import torch
+        import traceback
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        torch.ops.load_library({path!r})
+        assert torch._C._dispatch_pystub("opsmith::rms_norm_fwd", "")[0] == "opsmith.ops.rms_norm"
+        try:
+            with FakeTensorMode():
+                torch.ops.opsmith.rms_norm_fwd(torch.empty(3, 8), None, None)
+        except Exception:
+            assert "import the 'opsmith.ops.rms_norm' Python module" in traceback.format_exc()
+        else:
+            raise AssertionError("a fake call without the fake kernels' module succeeded")
+        sys.path.insert(0, {root!r})
+        import opsmith.ops.rms_norm
+        with FakeTensorMode():
+            y, inv = torch.ops.opsmith.rms_norm_fwd(torch.empty(3, 8), None, None)
+            dx, dw = torch.ops.opsmith.rms_norm_bwd(y, y, None, inv)
+        print(tuple(y.shape), tuple(inv.shape), tuple(dx.shape), tuple(dw.shape))
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split("\n")[-2] == "(3, 8) (3,) (3, 8) (0,)"
+
+
 # --------------------------------------------------------------------------
 # opsmith.nn.RMSNorm as a drop-in for torch.nn.RMSNorm
 # --------------------------------------------------------------------------
