@@ -286,12 +286,14 @@ def _autodiff_rows(spec: OpSpec) -> List[str]:
     db = cell(spec.double_backward,
               "works: gradients of the gradients match the float64 reference (gradgradcheck)")
     if db and spec.grad_inputs:
-        rows.append(f"| double backward, {route_b}: differentiating the returned gradients "
-                    f"(first-order gradients with `create_graph=True` work) | {db} "
-                    f"| `test_double_backward[{spec.name}-route_b]` |")
+        rows.append(f"| double backward, {route_b}: differentiating the gradients taken with "
+                    f"`create_graph=True` (upstream gradient constant or requiring grad; those "
+                    f"gradients themselves are right) | {db} | `test_double_backward[{spec.name}-route_b]` |")
     db = cell(spec.double_backward_pybind, "works")
     if db and spec.grad_inputs and spec.call_pybind:
-        rows.append(f"| double backward, route A | {db} | `test_double_backward[{spec.name}-route_a]` |")
+        rows.append(f"| double backward, route A: the same (with a constant upstream gradient too, "
+                    f"where `@once_differentiable` alone would hand back gradients without a graph, "
+                    f"silently constant) | {db} | `test_double_backward[{spec.name}-route_a]` |")
     what = {"grad": "`torch.func.grad`", "vjp": "`torch.func.vjp`",
             "jvp": "`torch.func.jvp` (forward-mode AD)", "vmap": "`torch.func.vmap`"}
     for t in TRANSFORMS:
