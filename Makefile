@@ -54,7 +54,7 @@ CONFIG := build/config-cuda$(WITH_CUDA)
 $(CONFIG):
 	@mkdir -p build && rm -f build/config-cuda* && touch $@
 
-.PHONY: build lib so ext kernel-bench ctest ctest-sanitize example check-exports pytest test demo bench clean env
+.PHONY: build lib so ext kernel-bench ctest ctest-sanitize example check-exports install-check pytest test demo bench clean env
 
 build: ext
 	@touch build/READY
@@ -146,7 +146,24 @@ build/ext.stamp: $(PY_ENV) $(LIB) setup.py $(wildcard csrc/torch/*) include/opsm
 pytest: build
 	$(PYTHON) -m pytest -q tests
 
-test: ctest ctest-sanitize example check-exports pytest
+# --- installing, as a user would: pip into a fresh environment that sees the
+# project's torch, the package used from another directory, the C example
+# compiled against the C library the wheel carries; then an editable install.
+INSTALL_ENV := build/install-env
+install-check: build
+	rm -rf $(INSTALL_ENV) build/install-cwd && mkdir -p build/install-cwd
+	$(PYTHON) -m venv --without-pip $(INSTALL_ENV)
+	$(PYTHON) -c 'import site, sys; print("\n".join(site.getsitepackages()))' > \
+	    $$($(INSTALL_ENV)/bin/python -c 'import site; print(site.getsitepackages()[0])')/project-torch.pth
+	$(INSTALL_ENV)/bin/python -m pip install -q --no-build-isolation --no-index .
+	cd build/install-cwd && ../install-env/bin/python $(CURDIR)/examples/installed_check.py
+	cd build/install-cwd && $(CC) -std=c11 -O2 -Wall $(EXAMPLE_CUDA) $(CURDIR)/examples/c/rms_norm_example.c \
+	    $$(../install-env/bin/python -m opsmith.c_flags) -lm $(CUDA_LINK) -o rms_norm_example && ./rms_norm_example
+	$(INSTALL_ENV)/bin/python -m pip uninstall -q -y opsmith
+	$(INSTALL_ENV)/bin/python -m pip install -q --no-build-isolation --no-index -e .
+	cd build/install-cwd && ../install-env/bin/python $(CURDIR)/examples/installed_check.py --editable
+
+test: ctest ctest-sanitize example check-exports install-check pytest
 
 demo: build
 	$(PYTHON) -m opsmith demo

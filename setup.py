@@ -1,5 +1,5 @@
-"""Builds opsmith's two PyTorch extensions over the C library (build/libopsmith.a,
-made by the Makefile):
+"""Builds opsmith: the C library (by the Makefile, with gcc and nvcc alone)
+and the two PyTorch extensions over it:
 
   opsmith/_C        route B: a plain shared library whose static initialisers
                     register the ops with the dispatcher (TORCH_LIBRARY and one
@@ -10,24 +10,79 @@ made by the Makefile):
                     OPSMITH_ROUTE_A=1, which keeps their dispatcher
                     registrations out of it.
 
+The kernels are compiled once, into build/libopsmith.a, which both
+extensions link; the wheel also carries the C library itself
+(opsmith/lib/libopsmith.so and opsmith/include/) for C programs.
+
+Works from `make`, `pip install --no-build-isolation .` and
+`pip install --no-build-isolation -e .` alike: the C library is built here
+when it is missing or stale. CUDA is built when nvcc is found (on PATH, in
+CUDA_HOME or /usr/local/cuda); without it a CPU-only build, with a warning.
+OPSMITH_WITH_CUDA=0/1 overrides the detection.
+
 Every op's bridge is csrc/torch/<op>.cpp, found here without a list.
 torch.utils.cpp_extension supplies the compiler flags, include paths and
 libraries of whichever torch is installed, and ninja recompiles only what
-changed. OPSMITH_WITH_CUDA=0 builds CPU-only.
+changed.
 """
 import glob
 import os
+import re
+import shutil
+import subprocess
+import sys
 
-from setuptools import setup
+from setuptools import find_packages, setup
+from setuptools.command.build_py import build_py
 from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
-WITH_CUDA = os.environ.get("OPSMITH_WITH_CUDA", "1") == "1"
-Extension = CUDAExtension if WITH_CUDA else CppExtension
 
 
 def here(*parts):
     return os.path.join(ROOT, *parts)
+
+
+def find_nvcc():
+    for candidate in (shutil.which("nvcc"),
+                      os.path.join(os.environ.get("CUDA_HOME", ""), "bin", "nvcc") if os.environ.get("CUDA_HOME") else None,
+                      "/usr/local/cuda/bin/nvcc"):
+        if candidate and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+NVCC = find_nvcc()
+if "OPSMITH_WITH_CUDA" in os.environ:
+    WITH_CUDA = os.environ["OPSMITH_WITH_CUDA"] == "1"
+else:
+    WITH_CUDA = NVCC is not None
+if WITH_CUDA and NVCC is None:
+    sys.exit("opsmith: OPSMITH_WITH_CUDA=1 but no nvcc was found (PATH, CUDA_HOME, /usr/local/cuda)")
+if not WITH_CUDA and "OPSMITH_WITH_CUDA" not in os.environ:
+    print("opsmith: WARNING: no CUDA toolkit (nvcc) found: building the CPU kernels only", file=sys.stderr)
+if WITH_CUDA and NVCC and "CUDA_HOME" not in os.environ:
+    os.environ["CUDA_HOME"] = os.path.dirname(os.path.dirname(NVCC))  # for cpp_extension
+Extension = CUDAExtension if WITH_CUDA else CppExtension
+
+
+def version():
+    """MAJOR.MINOR.PATCH from include/opsmith.h, the one place it is written."""
+    with open(here("include", "opsmith.h")) as f:
+        text = f.read()
+    parts = [re.search(rf"#define OPSMITH_VERSION_{k} (\d+)", text).group(1) for k in ("MAJOR", "MINOR", "PATCH")]
+    return ".".join(parts)
+
+
+def build_c_library():
+    """`make lib so`: the static library the extensions link and the shared
+    one the wheel carries; make rebuilds only what changed."""
+    make = ["make", "-C", ROOT, f"-j{os.cpu_count() or 1}", "lib", "so"]
+    if not WITH_CUDA:
+        make.append("NVCC=")
+    else:
+        make.append(f"NVCC={NVCC}")
+    subprocess.check_call(make)
 
 
 ROUTE_FILES = {"library.cpp", "pybind.cpp"}
@@ -49,9 +104,14 @@ def common(route_a: bool):
 
 
 class BuildRoutes(BuildExtension):
-    """The bridge sources are shared by both extensions, with different
-    flags: each extension gets its own object directory, so ninja does not
-    reuse route B's objects (with dispatcher registrations) for route A."""
+    """Builds the C library first, then the extensions. The bridge sources
+    are shared by both extensions, with different flags: each extension gets
+    its own object directory, so ninja does not reuse route B's objects (with
+    dispatcher registrations) for route A."""
+
+    def run(self):
+        build_c_library()
+        super().run()
 
     def build_extension(self, ext):
         temp = self.build_temp
@@ -62,11 +122,28 @@ class BuildRoutes(BuildExtension):
             self.build_temp = temp
 
 
+class BuildPy(build_py):
+    """Puts the C library and its headers into the package: opsmith/lib,
+    opsmith/include (opsmith.c_library() and opsmith.c_include_dir() find them)."""
+
+    def run(self):
+        super().run()
+        build_c_library()
+        target = os.path.join(self.build_lib, "opsmith")
+        os.makedirs(os.path.join(target, "lib"), exist_ok=True)
+        shutil.copy2(here("build", "libopsmith.so"), os.path.join(target, "lib", "libopsmith.so"))
+        include = os.path.join(target, "include")
+        if os.path.isdir(include):
+            shutil.rmtree(include)
+        shutil.copytree(here("include"), include)
+
+
 setup(
-    name="opsmith",
+    version=version(),
+    packages=find_packages(include=["opsmith", "opsmith.*"]),
     ext_modules=[
         Extension("opsmith._C", BRIDGE + ["csrc/torch/library.cpp"], **common(False)),
         Extension("opsmith._pybind", BRIDGE + ["csrc/torch/pybind.cpp"], **common(True)),
     ],
-    cmdclass={"build_ext": BuildRoutes},
+    cmdclass={"build_ext": BuildRoutes, "build_py": BuildPy},
 )

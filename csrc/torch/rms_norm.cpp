@@ -4,7 +4,8 @@
 //
 // Compiled twice: into opsmith._C (route B: schemas, CPU/CUDA kernels and
 // autograd in the dispatcher) and, with OPSMITH_ROUTE_A, into
-// opsmith._pybind (route A: bind_rms_norm only, registering nothing).
+// opsmith._pybind (route A: its OPSMITH_PYBIND binding only, registering
+// nothing with the dispatcher).
 #include <ATen/ops/empty.h>
 
 #include <cmath>
@@ -15,7 +16,7 @@
 #include "tensor_args.h"
 
 #if OPSMITH_ROUTE_A
-#include <torch/extension.h>
+#include "pybind_registry.h"
 #else
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
@@ -147,13 +148,17 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_bwd(const at::Tensor &dy, const at::
 
 #if OPSMITH_ROUTE_A
 
-void bind_rms_norm(pybind11::module_ &m) {
+} // namespace opsmith
+
+OPSMITH_PYBIND(rms_norm) {
     namespace py = pybind11;
-    m.def("rms_norm_fwd", &rms_norm_fwd, "RMSNorm forward: (y, inv_rms)", py::arg("x"), py::arg("weight"),
+    m.def("rms_norm_fwd", &opsmith::rms_norm_fwd, "RMSNorm forward: (y, inv_rms)", py::arg("x"), py::arg("weight"),
           py::arg("eps") = py::none());
-    m.def("rms_norm_bwd", &rms_norm_bwd, "RMSNorm backward: (dx, dweight)", py::arg("dy"), py::arg("x"),
+    m.def("rms_norm_bwd", &opsmith::rms_norm_bwd, "RMSNorm backward: (dx, dweight)", py::arg("dy"), py::arg("x"),
           py::arg("weight"), py::arg("inv_rms"));
 }
+
+namespace opsmith {
 
 #else // route B
 
