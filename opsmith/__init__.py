@@ -5,11 +5,13 @@ exists; opsmith.rms_norm and friends are thin wrappers over those ops,
 re-exported from each op's module in opsmith/ops/. Route A (pybind11 +
 autograd.Function) is opsmith.pybind, the modules opsmith.nn.
 """
-from ._library import library_path
+from ._library import c_include_dir, c_library, library_path, version as _version
 from . import ops
+
+__version__ = _version()
 
 globals().update(ops.exports("FUNCTIONS"))
 
 from . import nn  # noqa: E402
 
-__all__ = [*ops.exports("FUNCTIONS"), "nn", "ops", "library_path"]
+__all__ = [*ops.exports("FUNCTIONS"), "nn", "ops", "library_path", "c_library", "c_include_dir"]

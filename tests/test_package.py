@@ -1,0 +1,42 @@
+"""The package's surface: what each op module exports reaches opsmith,
+opsmith.nn and opsmith.pybind from the one op list; the C library helpers."""
+import os
+import re
+import subprocess
+import sys
+
+import opsmith
+import opsmith.nn
+import opsmith.ops
+import opsmith.pybind
+import opsmith.specs
+
+
+def test_exports_come_from_the_op_list():
+    for kind, target in (("FUNCTIONS", opsmith), ("MODULES", opsmith.nn), ("PYBIND", opsmith.pybind)):
+        exported = opsmith.ops.exports(kind)
+        assert exported, f"no op exports {kind}"
+        for name, obj in exported.items():
+            assert getattr(target, name) is obj, f"{target.__name__}.{name}"
+            assert name in target.__all__
+    from opsmith.ops import rms_norm as module
+    assert opsmith.rms_norm is module.rms_norm
+    assert opsmith.nn.RMSNorm is module.RMSNorm
+    assert opsmith.pybind.rms_norm is module.rms_norm_pybind
+    assert os.path.isfile(opsmith.library_path())
+
+
+def test_every_op_module_has_a_spec():
+    names = [spec.name for spec in opsmith.specs.load_specs()]
+    assert names == list(opsmith.ops.OP_MODULES)
+
+
+def test_version_and_c_library_helpers():
+    with open(os.path.join(opsmith.c_include_dir(), "opsmith.h")) as f:
+        text = f.read()
+    want = ".".join(re.search(rf"#define OPSMITH_VERSION_{k} (\d+)", text).group(1) for k in ("MAJOR", "MINOR", "PATCH"))
+    assert opsmith.__version__ == want
+    assert opsmith.c_library().endswith("libopsmith.so")
+    flags = subprocess.run([sys.executable, "-m", "opsmith.c_flags"], capture_output=True, text=True,
+                           cwd=os.path.dirname(os.path.dirname(os.path.abspath(opsmith.__file__))), check=True).stdout.split()
+    assert f"-I{opsmith.c_include_dir()}" in flags and "-lopsmith" in flags
