@@ -54,7 +54,7 @@ CONFIG := build/config-cuda$(WITH_CUDA)
 $(CONFIG):
 	@mkdir -p build && rm -f build/config-cuda* && touch $@
 
-.PHONY: build lib so ext kernel-bench ctest ctest-sanitize example check-exports install-check pytest test demo bench clean env
+.PHONY: build lib so ext kernel-bench ctest ctest-sanitize example check-exports install-check cmake-example pytest test demo bench clean env
 
 build: ext
 	@touch build/READY
@@ -163,7 +163,16 @@ install-check: build
 	$(INSTALL_ENV)/bin/python -m pip install -q --no-build-isolation --no-index -e .
 	cd build/install-cwd && ../install-env/bin/python $(CURDIR)/examples/installed_check.py --editable
 
-test: ctest ctest-sanitize example check-exports install-check pytest
+# the route B library built by CMake against libtorch (reusing the Makefile's
+# C library), and a C++ program on libtorch alone calling it (examples/cpp)
+cmake-example: build
+	cmake -S . -B build/cmake -DCMAKE_PREFIX_PATH="$$($(PYTHON) -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')" \
+	    -DOPSMITH_C_LIBRARY=$(CURDIR)/$(LIB) -DOPSMITH_WITH_CUDA=$(if $(filter 1,$(WITH_CUDA)),ON,OFF) > build/cmake-configure.log \
+	    || { cat build/cmake-configure.log; exit 1; }
+	cmake --build build/cmake -j$$(nproc)
+	./build/cmake/rms_norm_dispatcher build/cmake/libopsmith_ops.so
+
+test: ctest ctest-sanitize example check-exports install-check cmake-example pytest
 
 demo: build
 	$(PYTHON) -m opsmith demo
