@@ -10,6 +10,7 @@ the per-step mean loss over the global batch (rank 0 only)."""
 import argparse
 import json
 import os
+import sys
 import time
 
 import torch
@@ -109,10 +110,24 @@ def main():
                           "losses": losses, "seconds": round(elapsed, 3),
                           "samples_per_s_per_rank": round(args.steps * per_rank / elapsed, 1)}))
     if distributed:
-        # every rank done with its collectives before gloo's threads are torn
-        # down (without it, teardown can race and abort a rank)
-        dist.barrier()
+        dist.barrier()  # every rank done with its collectives
         dist.destroy_process_group()
+        # End the process here, without finalizing the interpreter. Works
+        # around a torch bug (2.11; https://github.com/pytorch/pytorch/issues/190489):
+        # destroy_process_group stops gloo's worker threads only when nothing
+        # else refers to the group, and DDP's reducer, FSDP2's DeviceMesh and
+        # DTensor's sharding caches, and torch.distributed.nn.functional (whose
+        # functions take group.WORLD as a default argument) all keep it. A worker
+        # releases the last work it ran, and the tensors of the collectives
+        # before it, a moment after the wait on that work has returned; freeing
+        # a tensor that has a Python object takes the GIL, and once the
+        # interpreter has begun to finalize that ends the thread (pthread_exit)
+        # inside a noexcept destructor: "terminate called without an active
+        # exception", SIGABRT. os._exit ends every thread at once instead.
+        # See docs/distributed.md.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 if __name__ == "__main__":

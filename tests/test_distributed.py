@@ -4,9 +4,11 @@ same global batch. CPU runs use gloo and run everywhere; the CUDA runs use
 NCCL and need two GPUs."""
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -23,6 +25,63 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _launch(cmd, env=None, timeout=300) -> subprocess.CompletedProcess:
+    """Runs cmd in a session (and process group) of its own; on a timeout, an
+    error or an interrupt, and once it has exited, kills that whole group, so
+    no launcher, rank or grandchild outlives the test. A timeout raises
+    subprocess.TimeoutExpired with the output so far."""
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc.pid)
+        out, err = proc.communicate()
+        raise subprocess.TimeoutExpired(cmd, timeout, output=out, stderr=err) from None
+    except BaseException:
+        _kill_group(proc.pid)
+        proc.communicate()
+        raise
+    finally:
+        # whatever the launcher left behind (a rank it did not reap)
+        _kill_group(proc.pid)
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def _gone(pid: int) -> bool:
+    """pid has exited (a zombie waiting for its reaper counts as exited)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_launch_timeout_kills_the_whole_process_group():
+    # a launcher whose child outlives it by far, as a hung rank would
+    child = "import time; time.sleep(120)"
+    launcher = ("import subprocess, sys, time; "
+                f"p = subprocess.Popen([sys.executable, '-c', {child!r}]); "
+                "print(p.pid, flush=True); time.sleep(120)")
+    t0 = time.monotonic()
+    with pytest.raises(subprocess.TimeoutExpired) as info:
+        _launch([sys.executable, "-c", launcher], timeout=5)
+    assert time.monotonic() - t0 < 60
+    grandchild = int(info.value.output.split()[0])
+    deadline = time.monotonic() + 10
+    while not _gone(grandchild) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _gone(grandchild), f"pid {grandchild} outlived the timed-out launch"
+
+
 def _run(mode: str, device: str) -> dict:
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
                OMP_NUM_THREADS="1")
@@ -32,7 +91,7 @@ def _run(mode: str, device: str) -> dict:
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
                "--master_addr=127.0.0.1", f"--master_port={_free_port()}", SCRIPT] + args
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    proc = _launch(cmd, env=env, timeout=300)
     assert proc.returncode == 0, f"{mode} failed:\n{proc.stdout}\n{proc.stderr[-3000:]}"
     lines = [l for l in proc.stdout.splitlines() if l.startswith("{")]
     assert len(lines) == 1, proc.stdout
