@@ -148,6 +148,11 @@ class OpSpec:
     # gradients of shared inputs sum over rows: their rounding grows a little
     grad_slack: float = 4.0
     dtypes: Tuple[torch.dtype, ...] = DTYPES
+    # the largest factor the randomised harnesses scale the row inputs by
+    # (1e-4, 1 or 1e4): an op whose outputs grow with its inputs (no
+    # normalisation) overflows float16 at 1e4 like PyTorch's own would, which
+    # says nothing about the kernel
+    max_scale: float = 1e4
     # the op as a module of width n (for the torch.compile training test)
     make_module: Optional[Callable[[int], torch.nn.Module]] = None
     hostile: Tuple[Hostile, ...] = ()
