@@ -157,6 +157,7 @@ install-check: build
 	    $$($(INSTALL_ENV)/bin/python -c 'import site; print(site.getsitepackages()[0])')/project-torch.pth
 	$(INSTALL_ENV)/bin/python -m pip install -q --no-build-isolation --no-index .
 	cd build/install-cwd && ../install-env/bin/python $(CURDIR)/examples/installed_check.py
+	cd build/install-cwd && ../install-env/bin/opsmith --version && ../install-env/bin/opsmith doctor
 	cd build/install-cwd && $(CC) -std=c11 -O2 -Wall $(EXAMPLE_CUDA) $(CURDIR)/examples/c/rms_norm_example.c \
 	    $$(../install-env/bin/python -m opsmith.c_flags) -lm $(CUDA_LINK) -o rms_norm_example && ./rms_norm_example
 	$(INSTALL_ENV)/bin/python -m pip uninstall -q -y opsmith

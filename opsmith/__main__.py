@@ -1,21 +1,63 @@
-"""python -m opsmith demo | bench ..."""
+"""The command line: python -m opsmith (or the `opsmith` script).
+
+    opsmith --help | --version
+    opsmith demo [--device cpu|cuda|cuda:N]
+    opsmith bench [--quick] [--ops ...] [--providers ...] ...
+    opsmith doctor
+
+Bad arguments end in one line on stderr and exit status 2, never a traceback."""
 import sys
+
+COMMANDS = {
+    "demo": "RMSNorm forward+backward through both routes, checked against PyTorch in float64, timed",
+    "bench": "the benchmark suite on a CUDA GPU (opsmith bench --help for its options)",
+    "doctor": "what this machine has and what opsmith built: versions, GPU and its arch, the "
+              "arches the library carries, which routes load, OpenMP threads, and how to fix what is wrong",
+}
+
+USAGE = "usage: opsmith [--help] [--version] {" + ",".join(COMMANDS) + "} ..."
+
+
+def _help() -> str:
+    lines = [USAGE, "", "Fused operators for PyTorch in C and CUDA C.", "", "commands:"]
+    lines += [f"  {name:<8} {text}" for name, text in COMMANDS.items()]
+    lines += ["", "options:", "  -h, --help     this text", "  --version      opsmith's, its C ABI's and torch's versions",
+              "", "`opsmith COMMAND --help` describes a command's own options."]
+    return "\n".join(lines)
+
+
+def _fail(message: str) -> int:
+    print(f"opsmith: {message}", file=sys.stderr)
+    return 2
 
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: python -m opsmith demo [--device cpu|cuda] | bench [--ops ...] [--quick]")
+        print(_help())
+        return 0
+    if argv[0] == "--version":
+        import torch
+
+        import opsmith
+        from ._library import c_abi
+        print(f"opsmith {opsmith.__version__} (C ABI {c_abi()}, torch {torch.__version__})")
         return 0
     command, rest = argv[0], argv[1:]
+    if command not in COMMANDS:
+        return _fail(f"unknown command {command!r} (commands: {', '.join(COMMANDS)}; opsmith --help)")
     if command == "demo":
-        from .demo import main as demo_main
-        return demo_main(rest)
-    if command == "bench":
-        from .bench import main as bench_main
-        return bench_main(rest)
-    print(f"opsmith: unknown command {command!r} (try: demo, bench)", file=sys.stderr)
-    return 2
+        from .demo import main as run
+    elif command == "bench":
+        from .bench import main as run
+    else:
+        from .doctor import main as run
+    try:
+        return run(rest)
+    except SystemExit as e:  # argparse: it has printed its one-line error already
+        return e.code if isinstance(e.code, int) else 2
+    except KeyboardInterrupt:
+        return 130
 
 
 if __name__ == "__main__":

@@ -62,3 +62,16 @@ def version() -> str:
 
 
 torch.ops.load_library(library_path())
+
+
+def _c_abi_handle():
+    """The C ABI as the route B library carries it (ctypes; public symbols only)."""
+    import ctypes
+    lib = ctypes.CDLL(library_path())
+    lib.opsmith_version.restype = ctypes.c_char_p
+    return lib
+
+
+def c_abi() -> int:
+    """opsmith_abi_version() of the C library linked into route B."""
+    return int(_c_abi_handle().opsmith_abi_version())

@@ -10,7 +10,6 @@ bandwidth measured in the same run, and the peak extra memory.
 
 What is measured for each op (inputs, providers, shapes, the minimal-bytes
 model) is the `bench` part of its spec (opsmith/specs/<op>.py)."""
-import argparse
 import csv
 import datetime
 import json
@@ -21,6 +20,8 @@ import time
 from typing import List, Optional
 
 import torch
+
+from ._cli import Parser
 
 from opsmith.specs import OpSpec, load_specs
 
@@ -329,7 +330,7 @@ def write_readme_table(results_dir: str, readme: str = "README.md") -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m opsmith bench")
+    parser = Parser(prog="opsmith bench")
     parser.add_argument("--ops", nargs="*", default=list(OPS))
     parser.add_argument("--providers", nargs="*", default=None)
     parser.add_argument("--quick", action="store_true", help="a few large shapes (bf16 unless --dtypes)")

@@ -1,10 +1,12 @@
 """The demo: RMSNorm forward+backward through route A and route B on the best
 device present, checked against PyTorch in float64, timed against eager
 PyTorch (torch.nn.functional.rms_norm), printed as a table."""
-import argparse
+import sys
 import time
 
 import torch
+
+from ._cli import Parser
 
 import opsmith
 import opsmith.pybind
@@ -49,10 +51,23 @@ def _time_ms(fn, device, reps):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m opsmith demo")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser = Parser(prog="opsmith demo", description="RMSNorm forward+backward through both "
+                                     "routes on one device, checked against PyTorch in float64 and timed")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                        help="cpu, cuda or cuda:N (default: cuda when a GPU is present)")
     args = parser.parse_args(argv)
-    device = torch.device(args.device)
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        print(f"opsmith demo: --device {args.device!r} is not a device (cpu, cuda, cuda:N)", file=sys.stderr)
+        return 2
+    if device.type not in ("cpu", "cuda"):
+        print(f"opsmith demo: --device {args.device!r}: opsmith runs on cpu and cuda", file=sys.stderr)
+        return 2
+    if device.type == "cuda" and (not torch.cuda.is_available() or (device.index or 0) >= torch.cuda.device_count()):
+        have = f"{torch.cuda.device_count()} CUDA device(s)" if torch.cuda.is_available() else "no CUDA device"
+        print(f"opsmith demo: --device {args.device!r}, but this machine has {have}", file=sys.stderr)
+        return 2
     shapes = [(4096, 4096), (1024, 8192)] if device.type == "cuda" else [(256, 1024), (64, 4096)]
     reps = 50 if device.type == "cuda" else 10
     gen = torch.Generator(device="cpu").manual_seed(0)
