@@ -74,15 +74,22 @@ def version():
     return ".".join(parts)
 
 
+_C_LIBRARY_BUILT = []
+
+
 def build_c_library():
     """`make lib so`: the static library the extensions link and the shared
-    one the wheel carries; make rebuilds only what changed."""
+    one the wheel carries; make rebuilds only what changed. Once a run:
+    build_ext and build_py both need it."""
+    if _C_LIBRARY_BUILT:
+        return
     make = ["make", "-C", ROOT, f"-j{os.cpu_count() or 1}", "lib", "so"]
     if not WITH_CUDA:
         make.append("NVCC=")
     else:
         make.append(f"NVCC={NVCC}")
     subprocess.check_call(make)
+    _C_LIBRARY_BUILT.append(True)
 
 
 ROUTE_FILES = {"library.cpp", "pybind.cpp"}

@@ -143,8 +143,8 @@ static int bench_shape(opsmith_dtype dt, int64_t rows, int64_t n, double copy_gb
     CUDA_TRY(cudaMalloc(&c.y, tensor));
     CUDA_TRY(cudaMalloc(&c.dx, tensor));
     CUDA_TRY(cudaMalloc(&c.dw, n * es));
-    c.ws_bytes = opsmith_rms_norm_bwd_cuda_workspace_size(dt, rows, n, c.dy[0], n, c.x[0], n, c.w, c.w, c.dx, n, c.dw);
     CUDA_TRY(cudaMalloc(&c.inv, rows * as));
+    c.ws_bytes = opsmith_rms_norm_bwd_cuda_workspace_size(dt, rows, n, c.dy[0], n, c.x[0], n, c.w, c.inv, c.dx, n, c.dw);
     CUDA_TRY(cudaMalloc(&c.ws, c.ws_bytes ? c.ws_bytes : 16));
     if (fill(c.w, n * es, block, block_bytes))
         return 1;
