@@ -9,7 +9,10 @@ each output written once), that as a fraction of the device-to-device copy
 bandwidth measured in the same run, and the peak extra memory.
 
 What is measured for each op (inputs, providers, shapes, the minimal-bytes
-model) is the `bench` part of its spec (opsmith/specs/<op>.py)."""
+model) is the `bench` part of its spec (opsmith/specs/<op>.py).
+
+`--routes` measures something else, on any device: route A (pybind11)
+against route B (torch.library) on rms_norm (opsmith/route_bench.py)."""
 import csv
 import datetime
 import json

@@ -29,6 +29,7 @@ import glob
 import json
 import os
 import platform
+import resource
 import shutil
 import statistics
 import subprocess
@@ -255,11 +256,16 @@ def build_time_compile(tree: str, route: str) -> Dict:
         # one compile job at a time: each object's time is its own, not shared with its sibling's
         env = dict(os.environ, MAX_JOBS="1")
         load = os.getloadavg()[0]
+        # CPU time of the build's processes (the compilers included: each is waited for): on a
+        # shared machine the wall time grows with the load, the CPU time much less
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.perf_counter()
         # run from the empty temporary directory: setuptools reads the configuration files of its cwd
         p = subprocess.run([sys.executable, "-c", _BUILD_ONE, json.dumps(spec)], cwd=tmp, env=env,
                            capture_output=True, text=True)
         wall = time.perf_counter() - t0
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
         if p.returncode != 0:
             return {"method": "compile", "error": (p.stderr or p.stdout).strip().splitlines()[-1:]}
         seconds = float(p.stdout.split("BUILD_SECONDS")[-1].split()[0])
@@ -267,6 +273,7 @@ def build_time_compile(tree: str, route: str) -> Dict:
         objects = _ninja_objects(logs[0]) if logs else {}
         so = glob.glob(os.path.join(tmp, "lib", "**", f"{name}*.so"), recursive=True)
         return {"method": "compile", "seconds": round(seconds, 2), "process_s": round(wall, 2),
+                "cpu_s": round(cpu, 2),
                 "objects_s": {k: round(v, 2) for k, v in sorted(objects.items())},
                 "link_and_setup_s": round(seconds - sum(objects.values()), 2), "jobs": 1,
                 "load_average_at_start": round(load, 2), "cuda": cuda,
@@ -394,7 +401,8 @@ def _build_cell(b: Dict) -> str:
         return f"n/a ({b['error']})"
     objects = ", ".join(f"{k.replace('.o', '.cpp')} {v:.1f}" for k, v in b["objects_s"].items())
     if b["method"] == "compile":
-        return f"{b['seconds']:.1f} s ({objects}; link+setup {b['link_and_setup_s']:.1f})"
+        return (f"{b['seconds']:.1f} s ({objects}; link+setup {b['link_and_setup_s']:.1f}); "
+                f"{b['cpu_s']:.1f} s of CPU time")
     return f"{b['seconds']:.1f} s of compiling ({objects})"
 
 
@@ -410,7 +418,8 @@ def _binary_cell(b: Dict) -> str:
 BUILD_METHODS = {
     "compile": "each route's bridge files compiled afresh into a temporary directory by setuptools + "
                "torch.utils.cpp_extension with setup.py's extension arguments, one job at a time, and linked; "
-               "seconds per object in parentheses",
+               "wall seconds per object in parentheses, then the CPU time of the whole build (compilers "
+               "included), which depends less on what else the machine runs",
     "log": "the object compile times setup.py's last build recorded in ninja's log (compile only, "
            "parallel jobs, no link)",
     "none": "not measured",
@@ -422,7 +431,8 @@ def table(results: Dict) -> str:
     where = m["gpu"] or m["cpu"]
     lines = [
         f"rms_norm through both routes on {m['device']} ({where}; {m['machine']}, {m['cpu_count']} CPUs), "
-        f"torch {m['torch']}" + (f", CUDA {m['cuda']}" if m["cuda"] else "") + f", opsmith {m['opsmith']}, "
+        f"torch {m['torch']}" + (f", CUDA {m['cuda']}" if m["device"].startswith("cuda") else "")
+        + f", opsmith {m['opsmith']}, "
         f"{m['date']}{', quick mode' if m['quick'] else ''}.",
         "",
         f"| | {ROUTE_TITLES['A']} | {ROUTE_TITLES['B']} |",
