@@ -1,19 +1,20 @@
-"""`opsmith bench --routes --quick` on the CPU: the results have their
-structure, and the numbers in them are measured (positive times, sizes of
-files that exist), with route B passing opcheck and tracing under
-torch.compile(fullgraph=True)."""
+"""`opsmith bench --routes --quick` on the CPU (and on a GPU where there is
+one): the results have their structure, and the numbers in them are measured
+(positive times, sizes of files that exist), with route B passing opcheck
+and tracing under torch.compile(fullgraph=True)."""
 import json
 import math
 
 import pytest
 
+from conftest import devices
 from opsmith import bench, route_bench
 
 
-@pytest.fixture(scope="module")
-def routes(tmp_path_factory):
+@pytest.fixture(scope="module", params=devices)
+def routes(request, tmp_path_factory):
     out = tmp_path_factory.mktemp("routes")
-    assert bench.main(["--routes", "--quick", "--device", "cpu", "--out", str(out)]) == 0
+    assert bench.main(["--routes", "--quick", "--device", request.param, "--out", str(out)]) == 0
     with open(out / "results.json") as f:
         results = json.load(f)
     with open(out / "table.md") as f:
@@ -32,7 +33,8 @@ def test_structure(routes):
     for key in ("date", "machine", "cpu", "device", "torch", "python", "opsmith", "compile_backend",
                 "build_time_method"):
         assert meta[key], key
-    assert meta["device"] == "cpu" and meta["quick"] is True and meta["build_time_method"] == "log"
+    assert meta["device"] in ("cpu", "cuda") and meta["quick"] is True and meta["build_time_method"] == "log"
+    assert (meta["gpu"] is not None) == (meta["device"] == "cuda")
     assert set(results["routes"]) == {"A", "B"}
     for r in results["routes"].values():
         assert set(r) >= {"call", "raw", "compile", "opcheck", "host_us", "build", "binary"}
