@@ -146,6 +146,12 @@ static _Thread_local int cpu_threads;
 
 void opsmith_set_num_threads(int n) { cpu_threads = n > 0 ? n : 0; }
 
+int opsmith_internal_threads_for(int64_t work) {
+    const int t = opsmith_get_num_threads();
+    const int64_t useful = work / OPSMITH_CPU_GRAIN + 1;
+    return useful < t ? (int)useful : t;
+}
+
 int opsmith_get_num_threads(void) {
     if (cpu_threads > 0) return cpu_threads;
 #ifdef _OPENMP

@@ -37,4 +37,13 @@ OPSMITH_INTERNAL opsmith_status opsmith_internal_check_workspace(const char *op,
 #ifdef __cplusplus
 }
 #endif
+/* Elements of work below which a CPU launcher stays on one thread, as
+ * PyTorch's at::parallel_for grain: forking a team costs microseconds on an
+ * idle machine and milliseconds on a loaded one, more than a small op. */
+#define OPSMITH_CPU_GRAIN 32768
+
+/* The threads a CPU launcher uses for `work` elements: opsmith_get_num_threads(),
+ * fewer for small work (one per OPSMITH_CPU_GRAIN elements). */
+OPSMITH_INTERNAL int opsmith_internal_threads_for(int64_t work);
+
 #endif /* OPSMITH_INTERNAL_H */

@@ -11,7 +11,8 @@ bandwidth measured in the same run, and the peak extra memory.
 What is measured for each op (inputs, providers, shapes, the minimal-bytes
 model) is the `bench` part of its spec (opsmith/specs/<op>.py).
 
-`--routes` measures something else, on any device: route A (pybind11)
+`--device cpu` times every op against eager PyTorch on the CPU
+(opsmith/cpu_bench.py). `--routes` measures something else, on any device: route A (pybind11)
 against route B (torch.library) on rms_norm (opsmith/route_bench.py)."""
 import csv
 import datetime
@@ -348,7 +349,9 @@ def main(argv=None) -> int:
     routes.add_argument("--routes", action="store_true",
                         help="compare the two routes: torch.compile, opcheck, host time, build time, binary size "
                              "(any device; --quick for a short run)")
-    routes.add_argument("--device", default=None, help="with --routes: cpu or cuda (default: cuda when present)")
+    routes.add_argument("--device", default=None,
+                        help="cpu: the CPU benchmark against eager PyTorch (opsmith/cpu_bench.py); with --routes: "
+                             "cpu or cuda (default: cuda when present)")
     routes.add_argument("--build-time", choices=("compile", "log", "none"), default=None,
                         help="with --routes: compile each route afresh (default), read setup.py's ninja log "
                              "(default with --quick), or skip")
@@ -361,6 +364,10 @@ def main(argv=None) -> int:
         build = args.build_time or ("log" if args.quick else "compile")
         return run_routes(device, args.quick, args.out or os.path.join("bench", "results", "latest-routes"),
                           build, args.backend)
+    if args.device == "cpu":
+        from .cpu_bench import run as run_cpu
+        return run_cpu(args.ops if args.ops != list(OPS) else None, args.quick,
+                       args.out or os.path.join("bench", "results", "latest-cpu"), args.dtypes)
     if args.out is None:
         args.out = os.path.join("bench", "results", "latest")
     if args.readme:

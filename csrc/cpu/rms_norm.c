@@ -177,7 +177,7 @@ opsmith_status opsmith_rms_norm_ex_fwd_cpu(opsmith_dtype x_dtype, opsmith_dtype 
     if (s != OPSMITH_STATUS_SUCCESS || rows == 0) return s;
     const fwd_args a = {x_dtype, weight_dtype, y_dtype, rows, n, x_row_stride, y_row_stride, x, weight, y, inv_rms,
                         offset, eps, casting == OPSMITH_RMS_NORM_CASTING_LLAMA};
-    const int t = opsmith_get_num_threads();
+    const int t = opsmith_internal_threads_for(rows * n);
 #pragma omp parallel for schedule(static) num_threads(t)
     for (int64_t r = 0; r < rows; r++) fwd_rows(&a, r, r + 1);
     return OPSMITH_STATUS_SUCCESS;
@@ -218,7 +218,7 @@ opsmith_status opsmith_rms_norm_ex_bwd_cpu(opsmith_dtype x_dtype, opsmith_dtype 
     if (s != OPSMITH_STATUS_SUCCESS) return s;
     const bwd_args a = {x_dtype, weight_dtype, dy_dtype, rows, n, dy_row_stride, x_row_stride, dx_row_stride,
                         dy, x, weight, inv_rms, dx, offset, casting == OPSMITH_RMS_NORM_CASTING_LLAMA};
-    const int t = opsmith_get_num_threads();
+    const int t = opsmith_internal_threads_for(rows * n);
     if (!dw) {
 #pragma omp parallel for schedule(static) num_threads(t)
         for (int64_t r = 0; r < rows; r++) bwd_rows(&a, r, r + 1, NULL);
