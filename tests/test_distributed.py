@@ -109,3 +109,25 @@ def test_distributed_matches_single_process(mode, device):
     assert abs(single["losses"][-1] - single["losses"][0]) > 1e-3
     for step, (a, b) in enumerate(zip(single["losses"], multi["losses"])):
         assert abs(a - b) <= 1e-4 * max(1.0, abs(a)), f"step {step}: single {a} vs {mode} {b}"
+
+
+def test_norms_on_dtensors():
+    """Tensor parallelism: each norm on DTensors over two gloo processes
+    matches the op on full tensors; sharded on rows it runs locally (the
+    output keeps the input's placement), sharded on the hidden dim DTensor
+    redistributes first."""
+    script = os.path.join(ROOT, "tests", "dtensor_norm_check.py")
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
+           f"--master_port={_free_port()}", script]
+    proc = _launch(cmd, env=env, timeout=300)
+    assert proc.returncode == 0, f"dtensor check failed:\n{proc.stdout}\n{proc.stderr[-4000:]}"
+    lines = [l for l in proc.stdout.splitlines() if l.startswith("{")]
+    assert len(lines) == 1, proc.stdout
+    results = json.loads(lines[0])
+    assert {"rms_norm/rows", "rms_norm/hidden", "rms_norm_gemma/seq"} <= set(results)
+    for case, r in results.items():
+        assert r["max_err"] <= 1e-10, f"{case}: max error {r['max_err']}"
+        if case.endswith(("/rows", "/seq")):
+            # row-sharded: computed where the rows are, no gather
+            assert r["y_placement"].startswith(("S(", "Shard")), f"{case}: output {r['y_placement']}"

@@ -7,7 +7,7 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from .. import _library  # noqa: F401  (loads the library: torch.ops.opsmith.* exists after this)
+from .. import _library, _sharding  # noqa: F401  (loads the library: torch.ops.opsmith.* exists after this)
 
 # the overloads themselves: calling them skips the packet's overload lookup
 _rms_norm_fwd = torch.ops.opsmith.rms_norm_fwd.default
@@ -152,6 +152,14 @@ def _rms_norm_bwd_vmap(info, in_dims, dy, x, weight, inv_rms, offset=0.0, castin
     out = _loop(info.batch_size, (dy_bdim, x_bdim, w_bdim, inv_bdim),
                 lambda a, b, c, d: _rms_norm_bwd(a, b, c, d, offset, casting_mode), (dy, x, weight, inv_rms))
     return out, (0, 0)
+
+
+# --- tensor parallelism: DTensor sharding rules ------------------------------------
+# rms_norm_fwd(x, weight, ...) -> (y, inv_rms); rms_norm_bwd(dy, x, weight,
+# inv_rms, ...) -> (dx, dweight). The in-place backward never meets a DTensor
+# (the autograd node takes the functional op for tensor subclasses).
+_sharding.row_local(_rms_norm_fwd, _rms_norm_bwd, fwd_tensor_args=2, fwd_outputs=2,
+                    bwd_row_args=(0, 1, 3), bwd_param_args=(2,), bwd_outputs_row=1, bwd_outputs_param=1)
 
 
 # --- route A: pybind11 + torch.autograd.Function -------------------------------------
