@@ -2,6 +2,7 @@
 device present, checked against PyTorch in float64, timed against eager
 PyTorch (torch.nn.functional.rms_norm), printed as a table."""
 import sys
+import statistics
 import time
 
 import torch
@@ -29,25 +30,37 @@ def _rel_err(outs, refs):
                for o, r in zip(outs, refs))
 
 
-def _time_ms(fn, device, reps):
-    """Median time of fn() in milliseconds (CUDA events on a GPU)."""
+def _time_pair_ms(fa, fb, device, repeats=9, batch_s=0.03):
+    """Median milliseconds a call of fa and of fb. On a GPU, CUDA events
+    around each call. On the CPU, batches of back-to-back calls (each at
+    least batch_s long, so timer and scheduling noise stay small against
+    it), the two functions alternating batch by batch so a slow spell of a
+    shared machine hits both alike: the speed-up column is stable run to run."""
     for _ in range(3):
-        fn()
-    times = []
-    for _ in range(reps):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
+        fa(), fb()
+    times = ([], [])
+    if device.type == "cuda":
+        for _ in range(5 * repeats):
+            for fn, t in zip((fa, fb), times):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn()
+                end.record()
+                end.synchronize()
+                t.append(start.elapsed_time(end))
+    else:
+        calls = []
+        for fn in (fa, fb):
             t0 = time.perf_counter()
             fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-    times.sort()
-    return times[len(times) // 2]
+            calls.append(max(1, int(batch_s / max(time.perf_counter() - t0, 1e-7))))
+        for _ in range(repeats):
+            for fn, n, t in zip((fa, fb), calls, times):
+                t0 = time.perf_counter()
+                for _ in range(n):
+                    fn()
+                t.append((time.perf_counter() - t0) * 1e3 / n)
+    return tuple(statistics.median(t) for t in times)
 
 
 def main(argv=None) -> int:
@@ -69,7 +82,6 @@ def main(argv=None) -> int:
         print(f"opsmith demo: --device {args.device!r}, but this machine has {have}", file=sys.stderr)
         return 2
     shapes = [(4096, 4096), (1024, 8192)] if device.type == "cuda" else [(256, 1024), (64, 4096)]
-    reps = 50 if device.type == "cuda" else 10
     gen = torch.Generator(device="cpu").manual_seed(0)
 
     routes = {
@@ -98,8 +110,8 @@ def main(argv=None) -> int:
             err_a = _rel_err(out["A pybind11"], ref)
             same = all(torch.equal(a, b) for a, b in zip(out["A pybind11"], out["B torch.library"]))
             ok &= err_a <= TOLERANCE[dtype] and err_b <= TOLERANCE[dtype] and same
-            t_ops = _time_ms(lambda: _fwd_bwd(routes["B torch.library"], x, w, dy), device, reps)
-            t_eager = _time_ms(lambda: _fwd_bwd(eager, x, w, dy), device, reps)
+            t_ops, t_eager = _time_pair_ms(lambda: _fwd_bwd(routes["B torch.library"], x, w, dy),
+                                           lambda: _fwd_bwd(eager, x, w, dy), device)
             print(f"{str(dtype).replace('torch.', ''):<9} {f'{rows}x{n}':<12} {err_b:>9.2e} {err_a:>9.2e} "
                   f"{'yes' if same else 'NO':>5} {t_ops:>11.3f} {t_eager:>9.3f} {t_eager / t_ops:>7.2f}x")
     print("all results within tolerance, routes A and B identical" if ok else "MISMATCH: see rows above")
