@@ -272,7 +272,7 @@ SPEC = OpSpec(
     grad_inputs=("gate", "up"),
     row_inputs=("gate", "up"),
     opcheck=_opcheck,
-    double_backward=r"^(swiglu|geglu): double backward is not supported",
+    double_backward=r"^swiglu: double backward is not supported",
     double_backward_pybind=r"trying to differentiate twice a function that was marked with @once_differentiable",
     func_transforms={
         "grad": SUPPORTED,
