@@ -8,10 +8,12 @@ entry ("glu") is the SwiGLU one; this adds the two GeGLU entries beside it.
     python bench/glu_bench.py --dtypes bf16 f32 --out bench/results/<dir>
 Any `opsmith bench` argument passes through; without --ops all three run."""
 import dataclasses
+import os
 import sys
 
-from opsmith import bench
-from opsmith.specs.glu import SPEC, bench_spec
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # the in-place build
+from opsmith import bench  # noqa: E402
+from opsmith.specs.glu import SPEC, bench_spec  # noqa: E402
 
 ENTRIES = {"swiglu": "silu", "geglu": "gelu", "geglu_tanh": "gelu_tanh"}
 

@@ -10,12 +10,15 @@ Time is the median of --iters forward + backward steps.
     python bench/glu_recompute.py --device cuda --dtype bf16 --rows 16384 --hidden 4096 --inter 14336
 """
 import argparse
+import os
+import sys
 import statistics
 import time
 
 import torch
 
-from opsmith.nn import GatedMLP
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # the in-place build
+from opsmith.nn import GatedMLP  # noqa: E402
 
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16, "f64": torch.float64}
 

@@ -35,7 +35,8 @@ static inline float bits_to_f32(uint32_t u) { return opsmith_f32_from_bits(u); }
 
 /* e^x in float, within ~2 ulp, branch-free so loops over it vectorize:
  * x = k ln2 + r with |r| <= ln2/2, e^r by its degree-7 Taylor polynomial,
- * 2^k built in the exponent bits. Overflow gives inf, underflow 0, NaN NaN. */
+ * 2^k built in the exponent bits. Overflow gives inf, underflow 0, NaN NaN.
+ * (Infinite x: x - x is NaN, but the selects below then answer.) */
 static inline float exp_f32(float x) {
     const float xs = x != x ? 0.0f : x < -87.0f ? -87.0f : x > 88.0f ? 88.0f : x;
     /* round to nearest through the 1.5 * 2^23 shifter (floorf would not vectorize) */
@@ -49,8 +50,10 @@ static inline float exp_f32(float x) {
     p = p * r + 0.5f;
     p = p * r + 1.0f;
     p = p * r + 1.0f;
-    const float v = p * bits_to_f32((uint32_t)((int32_t)k + 127) << 23);
-    return x != x ? x : x > 88.72283f ? INFINITY : x < -87.33654f ? 0.0f : v;
+    /* + (x - x): NaN stays NaN without a select of its own (which would
+     * make the compiler evaluate the caller's arithmetic on both arms) */
+    const float v = p * bits_to_f32((uint32_t)((int32_t)k + 127) << 23) + (x - x);
+    return x > 88.72283f ? INFINITY : x < -87.33654f ? 0.0f : v;
 }
 
 #define GELU_TANH_K 0.7978845608028654f /* sqrt(2 / pi) */
@@ -162,15 +165,71 @@ static inline double gelu_tanh_f64(double g, double *slope) {
         }                                                                                           \
     }
 
+/* The 16-bit storage types go through float tiles: each tile is widened
+ * into float arrays, the float loop runs on them, and the results are
+ * rounded back. Each of the three loops then vectorizes at full width (a
+ * loop mixing 16-bit and 32-bit lanes gets half-width vectors), and the
+ * arithmetic is exactly the float kernel's. A whole tile of every input is
+ * read before any output of it is written, so the in-place forms hold. */
+#define TILE 512
+
+#define DEFINE_GLU16(NAME, LOAD, STORE, ACT)                                                        \
+    GLU_CLONES static void glu_fwd_span_##NAME(int64_t len, const uint16_t *g, const uint16_t *u,   \
+                                               uint16_t *y) {                                       \
+        float gf[TILE], uf[TILE];                                                                   \
+        for (int64_t b = 0; b < len; b += TILE) {                                                   \
+            const int m = len - b < TILE ? (int)(len - b) : TILE;                                   \
+            _Pragma("omp simd")                                                                     \
+            for (int i = 0; i < m; i++) gf[i] = LOAD(g[b + i]), uf[i] = LOAD(u[b + i]);             \
+            _Pragma("omp simd")                                                                     \
+            for (int i = 0; i < m; i++) {                                                           \
+                float slope;                                                                        \
+                gf[i] = ACT(gf[i], &slope) * uf[i];                                                 \
+            }                                                                                       \
+            _Pragma("omp simd")                                                                     \
+            for (int i = 0; i < m; i++) y[b + i] = STORE(gf[i]);                                    \
+        }                                                                                           \
+    }                                                                                               \
+    GLU_CLONES static void glu_bwd_span_##NAME(int64_t len, const uint16_t *dy, const uint16_t *g,  \
+                                               const uint16_t *u, uint16_t *dg, uint16_t *du,       \
+                                               uint16_t *h) {                                       \
+        float df[TILE], gf[TILE], uf[TILE], hf[TILE];                                               \
+        for (int64_t b = 0; b < len; b += TILE) {                                                   \
+            const int m = len - b < TILE ? (int)(len - b) : TILE;                                   \
+            _Pragma("omp simd")                                                                     \
+            for (int i = 0; i < m; i++)                                                             \
+                df[i] = LOAD(dy[b + i]), gf[i] = LOAD(g[b + i]), uf[i] = LOAD(u[b + i]);            \
+            _Pragma("omp simd")                                                                     \
+            for (int i = 0; i < m; i++) {                                                           \
+                float slope;                                                                        \
+                const float v = ACT(gf[i], &slope);                                                 \
+                gf[i] = df[i] * uf[i] * slope;                                                      \
+                hf[i] = v * uf[i];                                                                  \
+                uf[i] = df[i] * v;                                                                  \
+            }                                                                                       \
+            _Pragma("omp simd")                                                                     \
+            for (int i = 0; i < m; i++) dg[b + i] = STORE(gf[i]), du[b + i] = STORE(uf[i]);         \
+            if (h) {                                                                                \
+                _Pragma("omp simd")                                                                 \
+                for (int i = 0; i < m; i++) h[b + i] = STORE(hf[i]);                                \
+            }                                                                                       \
+        }                                                                                           \
+    }
+
 #define DEFINE_GLU_DTYPE(SUFFIX, T, ACC, LOAD, STORE, MATH)                                          \
     DEFINE_GLU(silu_##SUFFIX, T, ACC, LOAD, STORE, silu_##MATH)                                     \
     DEFINE_GLU(gelu_##SUFFIX, T, ACC, LOAD, STORE, gelu_##MATH)                                     \
     DEFINE_GLU(gelu_tanh_##SUFFIX, T, ACC, LOAD, STORE, gelu_tanh_##MATH)
 
+#define DEFINE_GLU16_DTYPE(SUFFIX, LOAD, STORE)                                                      \
+    DEFINE_GLU16(silu_##SUFFIX, LOAD, STORE, silu_f32)                                              \
+    DEFINE_GLU16(gelu_##SUFFIX, LOAD, STORE, gelu_f32)                                              \
+    DEFINE_GLU16(gelu_tanh_##SUFFIX, LOAD, STORE, gelu_tanh_f32)
+
 DEFINE_GLU_DTYPE(f64, double, double, LOAD_F64, STORE_F64, f64)
 DEFINE_GLU_DTYPE(f32, float, float, LOAD_F32, STORE_F32, f32)
-DEFINE_GLU_DTYPE(f16, uint16_t, float, LOAD_F16, STORE_F16, f32)
-DEFINE_GLU_DTYPE(bf16, uint16_t, float, LOAD_BF16, STORE_BF16, f32)
+DEFINE_GLU16_DTYPE(f16, LOAD_F16, STORE_F16)
+DEFINE_GLU16_DTYPE(bf16, LOAD_BF16, STORE_BF16)
 
 /* The span kernels, typeless, indexed [activation][dtype]. */
 typedef void (*fwd_span_fn)(int64_t, const void *, const void *, void *);
