@@ -30,7 +30,7 @@ CFLAGS := -std=c11 -O3 -fPIC -fopenmp -fvisibility=hidden -Wall -Wextra -Werror=
 # sm_80 (A100) and sm_90 (H100/H200) machine code, plus sm_90 PTX for newer GPUs
 CUDA_ARCH := -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
              -gencode arch=compute_90,code=compute_90
-NVCCFLAGS := -O3 -std=c++17 -Xcompiler -fPIC -Xcompiler -fvisibility=hidden -Xcompiler -Wall $(CUDA_ARCH) \
+NVCCFLAGS := -O3 -std=c++17 --threads 0 -Xcompiler -fPIC -Xcompiler -fvisibility=hidden -Xcompiler -Wall $(CUDA_ARCH) \
              -Iinclude -Icsrc \
              --expt-relaxed-constexpr
 

@@ -100,11 +100,16 @@ HEADERS = sorted(glob.glob(here("include", "**", "*.h"), recursive=True) + glob.
 
 def common(route_a: bool):
     flags = ["-O2", f"-DOPSMITH_WITH_CUDA={int(WITH_CUDA)}", f"-DOPSMITH_ROUTE_A={int(route_a)}"]
+    archive = here("build", "libopsmith.a")
+    # route B carries the whole C ABI (opsmith.doctor and ctypes callers ask it
+    # for functions no bridge calls, such as opsmith_has_cuda); route A only
+    # what its bridge uses
+    link = ["-fopenmp"] if route_a else ["-Wl,--whole-archive", archive, "-Wl,--no-whole-archive", "-fopenmp"]
     return dict(
         include_dirs=[here("include"), here("csrc")],
-        extra_objects=[here("build", "libopsmith.a")],
+        extra_objects=[archive] if route_a else [],
         extra_compile_args={"cxx": flags},
-        extra_link_args=["-fopenmp"],
+        extra_link_args=link,
         # relink when the C library or a bridge header changes
         depends=[here("build", "libopsmith.a")] + HEADERS,
     )

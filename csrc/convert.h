@@ -12,11 +12,12 @@ static inline float opsmith_f32_from_bits(uint32_t u) { float f; memcpy(&f, &u, 
 
 static inline float opsmith_bf16_to_f32(uint16_t h) { return opsmith_f32_from_bits((uint32_t)h << 16); }
 
+/* written as a select, not a branch, so loops over it vectorize */
 static inline uint16_t opsmith_f32_to_bf16(float f) {
-    uint32_t u = opsmith_f32_bits(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u); /* NaN */
-    u += 0x7fffu + ((u >> 16) & 1u); /* round to nearest even; overflow carries into inf */
-    return (uint16_t)(u >> 16);
+    const uint32_t u = opsmith_f32_bits(f);
+    const uint32_t quiet_nan = (u >> 16) | 0x0040u;
+    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16; /* to nearest even; overflow carries into inf */
+    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
 }
 
 static inline float opsmith_f16_to_f32(uint16_t h) {

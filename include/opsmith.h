@@ -71,7 +71,7 @@
 #endif
 
 #define OPSMITH_VERSION_MAJOR 1
-#define OPSMITH_VERSION_MINOR 0
+#define OPSMITH_VERSION_MINOR 1
 #define OPSMITH_VERSION_PATCH 0
 /* Bumped only when a published declaration changes incompatibly; appending
  * functions or enum values keeps it. */

@@ -4,6 +4,10 @@ Importing the package loads the route B library, so torch.ops.opsmith.*
 exists; opsmith.rms_norm and friends are thin wrappers over those ops,
 re-exported from each op's module in opsmith/ops/. Route A (pybind11 +
 autograd.Function) is opsmith.pybind, the modules opsmith.nn.
+
+A compiled part that is missing or does not load makes the import fail with
+an ImportError naming it and the command that builds it for the way opsmith
+was installed (opsmith/_library.py).
 """
 from ._library import c_include_dir, c_library, library_path, version as _version
 from . import ops

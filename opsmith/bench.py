@@ -9,7 +9,10 @@ each output written once), that as a fraction of the device-to-device copy
 bandwidth measured in the same run, and the peak extra memory.
 
 What is measured for each op (inputs, providers, shapes, the minimal-bytes
-model) is the `bench` part of its spec (opsmith/specs/<op>.py)."""
+model) is the `bench` part of its spec (opsmith/specs/<op>.py).
+
+`--routes` measures something else, on any device: route A (pybind11)
+against route B (torch.library) on rms_norm (opsmith/route_bench.py)."""
 import csv
 import datetime
 import json
@@ -338,9 +341,28 @@ def main(argv=None) -> int:
                         help="dtypes to sweep (default: all three; bf16 with --quick)")
     parser.add_argument("--budget", type=float, default=None, metavar="SECONDS",
                         help="stop starting measurements after this long; the results say so")
-    parser.add_argument("--out", default=os.path.join("bench", "results", "latest"))
+    parser.add_argument("--out", default=None, help="results directory (default bench/results/latest; "
+                        "bench/results/latest-routes with --routes)")
     parser.add_argument("--readme", metavar="DIR", help="only regenerate DIR/table.md and README.md's table from DIR/results.json")
+    routes = parser.add_argument_group("--routes", "route A (pybind11) against route B (torch.library) on rms_norm")
+    routes.add_argument("--routes", action="store_true",
+                        help="compare the two routes: torch.compile, opcheck, host time, build time, binary size "
+                             "(any device; --quick for a short run)")
+    routes.add_argument("--device", default=None, help="with --routes: cpu or cuda (default: cuda when present)")
+    routes.add_argument("--build-time", choices=("compile", "log", "none"), default=None,
+                        help="with --routes: compile each route afresh (default), read setup.py's ninja log "
+                             "(default with --quick), or skip")
+    routes.add_argument("--backend", default=None,
+                        help="with --routes: torch.compile backend (default inductor; aot_eager with --quick)")
     args = parser.parse_args(argv)
+    if args.routes:
+        from .route_bench import run as run_routes
+        device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        build = args.build_time or ("log" if args.quick else "compile")
+        return run_routes(device, args.quick, args.out or os.path.join("bench", "results", "latest-routes"),
+                          build, args.backend)
+    if args.out is None:
+        args.out = os.path.join("bench", "results", "latest")
     if args.readme:
         write_readme_table(args.readme)
         return 0

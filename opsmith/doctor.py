@@ -57,7 +57,7 @@ def main(argv=None) -> int:
         f"{'yes' if lib.opsmith_has_cuda() else 'no'}")
     if c_version != opsmith.__version__:
         problems.append(("the compiled library is not the package's version",
-                         "rebuild: `make build` in a checkout, or `pip install --no-build-isolation .`"))
+                         f"rebuild: `{_library.install_kind()[1]}`"))
     row("torch", f"{torch.__version__} (CUDA {torch.version.cuda or 'none'})")
     row("python", sys.version.split()[0])
 
@@ -96,7 +96,7 @@ def main(argv=None) -> int:
         routes["route A (pybind11)"] = lambda a, b: route_a.rms_norm(a, b, 1e-6)
     except ImportError as e:
         row("route A (pybind11)", f"does not load: {e}")
-        problems.append(("route A does not load", "rebuild: `make build` or `pip install --no-build-isolation .`"))
+        problems.append(("route A does not load", f"rebuild: `{_library.install_kind()[1]}`"))
     devices = ["cpu"] + (["cuda"] if has_gpu and lib.opsmith_has_cuda() else [])
     for name, fn in routes.items():
         results = []

@@ -1,175 +1,278 @@
 /* RMSNorm on the CPU: C11 + OpenMP over rows.
  * x, y, dy, dx are (rows, n) addressed through row strides; weight, dweight
  * are (n); inv_rms is (rows) in the accumulate type (double for f64, float
- * otherwise). Every loop reads an element before it writes the same
- * element, so y = x and dx = dy (in place) compute what they would apart. */
+ * otherwise). A row is processed in blocks of BLOCK elements widened to the
+ * accumulate type (convert_block.h), so one body serves every dtype mix and
+ * its loops vectorize. Every block is read before the same block of the
+ * output is written, so y = x and dx = dy (in place) compute what they
+ * would apart. */
 #include <math.h>
 
-#include "convert.h"
+#include "convert_block.h"
 #include "internal/rms_norm.h"
 
-/* Each storage type gets its own forward and backward, stamped from one
- * template: T is the storage type, ACC the accumulate type, LOAD/STORE
- * convert one element between them. */
-#define LOAD_F64(p) (p)
-#define STORE_F64(v) (v)
-#define LOAD_F32(p) (p)
-#define STORE_F32(v) (v)
-#define LOAD_F16(p) opsmith_f16_to_f32(p)
-#define STORE_F16(v) opsmith_f32_to_f16(v)
-#define LOAD_BF16(p) opsmith_bf16_to_f32(p)
-#define STORE_BF16(v) opsmith_f32_to_bf16(v)
-
-/* Row sums run block by block: inside a block of BLOCK elements, LANES
- * interleaved partial sums added pairwise; the block sums in LANES more.
- * Rounding error then grows with BLOCK / LANES + n / (BLOCK * LANES)
- * rather than n, and the compiler can keep the lanes in vector registers. */
+/* Row sums run block by block: inside a block, LANES interleaved partial
+ * sums (element i into lane i % LANES) added pairwise; the block sums go
+ * into LANES more. Rounding error then grows with BLOCK / LANES +
+ * n / (BLOCK * LANES) rather than n, and the fixed lanes are what the
+ * compiler keeps in vector registers without reordering any sum. */
 #define LANES 8
 #define BLOCK 512
 
-#define DEFINE_RMS_NORM(SUFFIX, T, ACC, LOAD, STORE)                                              \
+/* The row kernels are compiled for AVX2 and for the baseline x86-64 (SSE2),
+ * picked when the library loads; the sums are the same in both. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define OPSMITH_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define OPSMITH_CLONES
+#endif
+
+typedef struct fwd_args {
+    opsmith_dtype xd, wd, yd;
+    int64_t rows, n, xs, ys;
+    const void *x, *w;
+    void *y, *inv_rms;
+    double offset, eps;
+    int llama;
+} fwd_args;
+
+typedef struct bwd_args {
+    opsmith_dtype xd, wd, gd; /* gd: dy's dtype */
+    int64_t rows, n, dys, xs, dxs;
+    const void *dy, *x, *w, *inv_rms;
+    void *dx;
+    double offset;
+    int llama;
+} bwd_args;
+
+/* One body per accumulate type ACC (float, double), stamped from a macro:
+ * the widen/narrow helpers of convert_block.h named by SUFFIX. */
+#define DEFINE_RMS_NORM(SUFFIX, ACC)                                                              \
     static ACC sum_lanes_##SUFFIX(ACC *l) {                                                       \
         for (int w = LANES / 2; w > 0; w /= 2)                                                    \
             for (int k = 0; k < w; k++) l[k] += l[k + w];                                         \
         return l[0];                                                                              \
     }                                                                                             \
                                                                                                   \
-    /* sum_i a[i] * b[i] * (c ? c[i] : 1); b == a gives the sum of squares */                     \
-    static ACC dot_##SUFFIX(const T *a, const T *b, const T *c, int64_t n) {                      \
-        ACC blocks[LANES] = {0};                                                                  \
-        for (int64_t b0 = 0, nb = 0; b0 < n; b0 += BLOCK, nb++) {                                 \
-            const int64_t b1 = b0 + BLOCK < n ? b0 + BLOCK : n;                                   \
-            ACC lanes[LANES] = {0};                                                               \
-            if (c)                                                                                \
-                for (int64_t i = b0; i < b1; i++)                                                 \
-                    lanes[i % LANES] += LOAD(a[i]) * LOAD(b[i]) * LOAD(c[i]);                     \
-            else                                                                                  \
-                for (int64_t i = b0; i < b1; i++) lanes[i % LANES] += LOAD(a[i]) * LOAD(b[i]);   \
-            blocks[nb % LANES] += sum_lanes_##SUFFIX(lanes);                                      \
-        }                                                                                         \
-        return sum_lanes_##SUFFIX(blocks);                                                        \
+    /* lanes[i % LANES] += a[i] * b[i] over one block */                                          \
+    static void add_products_##SUFFIX(ACC *lanes, const ACC *a, const ACC *b, int64_t len) {     \
+        int64_t i = 0;                                                                            \
+        for (; i + LANES <= len; i += LANES)                                                      \
+            for (int k = 0; k < LANES; k++) lanes[k] += a[i + k] * b[i + k];                      \
+        for (int k = 0; i < len; i++, k++) lanes[k] += a[i] * b[i];                               \
     }                                                                                             \
                                                                                                   \
-    static ACC sum_squares_##SUFFIX(const T *x, int64_t n) { return dot_##SUFFIX(x, x, NULL, n); } \
-                                                                                                  \
-    static void rms_norm_fwd_##SUFFIX(int64_t rows, int64_t n, const T *x, int64_t xs,            \
-                                      const T *w, ACC eps, T *y, int64_t ys, ACC *inv_rms,         \
-                                      int threads) {                                              \
-        _Pragma("omp parallel for schedule(static) num_threads(threads)")                         \
-        for (int64_t r = 0; r < rows; r++) {                                                      \
-            const T *xr = x + r * xs;                                                             \
-            T *yr = y + r * ys;                                                                   \
-            ACC inv = (ACC)1 / sqrt(sum_squares_##SUFFIX(xr, n) / (ACC)n + eps);                  \
-            inv_rms[r] = inv;                                                                     \
-            if (w)                                                                                \
-                for (int64_t i = 0; i < n; i++) yr[i] = STORE(LOAD(xr[i]) * inv * LOAD(w[i]));   \
-            else                                                                                  \
-                for (int64_t i = 0; i < n; i++) yr[i] = STORE(LOAD(xr[i]) * inv);                \
-        }                                                                                         \
+    /* g = dy * (offset + w), or dy without a weight; a pointer to g */                           \
+    static const ACC *scaled_##SUFFIX(const ACC *dy, const ACC *w, ACC offset, int64_t len, ACC *g) {\
+        if (!w) return dy;                                                                        \
+        for (int64_t i = 0; i < len; i++) g[i] = dy[i] * (offset + w[i]);                         \
+        return g;                                                                                 \
     }                                                                                             \
                                                                                                   \
-    /* dx for rows [r0, r1); adds dy * x * inv_rms into partial when it is non-NULL */             \
-    static void rms_norm_bwd_rows_##SUFFIX(int64_t r0, int64_t r1, int64_t n, const T *dy,        \
-                                           int64_t dys, const T *x, int64_t xs, const T *w,        \
-                                           const ACC *inv_rms, T *dx, int64_t dxs, ACC *partial) { \
+    OPSMITH_CLONES static void fwd_rows_##SUFFIX(const fwd_args *a, int64_t r0, int64_t r1) {     \
+        ACC xbuf[BLOCK], wbuf[BLOCK], hbuf[BLOCK], obuf[BLOCK];                                   \
+        const ACC offset = (ACC)a->offset, eps = (ACC)a->eps;                                     \
         for (int64_t r = r0; r < r1; r++) {                                                       \
-            const T *xr = x + r * xs, *dyr = dy + r * dys;                                        \
-            T *dxr = dx + r * dxs;                                                                \
-            ACC inv = inv_rms[r];                                                                 \
-            ACC scale = inv * inv * inv * dot_##SUFFIX(dyr, xr, w, n) / (ACC)n;                   \
-            for (int64_t i = 0; i < n; i++) {                                                     \
-                ACC g = LOAD(dyr[i]), xv = LOAD(xr[i]);                                           \
-                if (partial) partial[i] += g * xv * inv;                                          \
-                if (w) g *= LOAD(w[i]);                                                           \
-                dxr[i] = STORE(inv * g - xv * scale);                                             \
+            const char *xr = (const char *)a->x + r * a->xs * (int64_t)opsmith_dtype_size(a->xd); \
+            char *yr = (char *)a->y + r * a->ys * (int64_t)opsmith_dtype_size(a->yd);             \
+            ACC blocks[LANES] = {0};                                                              \
+            for (int64_t b0 = 0, nb = 0; b0 < a->n; b0 += BLOCK, nb++) {                          \
+                const int64_t len = a->n - b0 < BLOCK ? a->n - b0 : BLOCK;                        \
+                const ACC *xb = opsmith_widen_##SUFFIX(a->xd, xr, b0, len, xbuf);                 \
+                ACC lanes[LANES] = {0};                                                           \
+                add_products_##SUFFIX(lanes, xb, xb, len);                                        \
+                blocks[nb % LANES] += sum_lanes_##SUFFIX(lanes);                                  \
+            }                                                                                     \
+            const ACC inv = (ACC)1 / sqrt(sum_lanes_##SUFFIX(blocks) / (ACC)a->n + eps);          \
+            ((ACC *)a->inv_rms)[r] = inv;                                                         \
+            for (int64_t b0 = 0; b0 < a->n; b0 += BLOCK) {                                        \
+                const int64_t len = a->n - b0 < BLOCK ? a->n - b0 : BLOCK;                        \
+                const ACC *xb = opsmith_widen_##SUFFIX(a->xd, xr, b0, len, xbuf);                 \
+                ACC *ob = opsmith_out_##SUFFIX(a->yd, yr, b0, obuf);                              \
+                const ACC *wb = a->w ? opsmith_widen_##SUFFIX(a->wd, a->w, b0, len, wbuf) : NULL; \
+                ACC scale = inv;                                                                  \
+                if (a->llama) {                                                                   \
+                    /* x_hat rounded to x's dtype before the weight multiply */                   \
+                    for (int64_t i = 0; i < len; i++) hbuf[i] = xb[i] * inv;                      \
+                    opsmith_round_##SUFFIX(a->xd, hbuf, len);                                     \
+                    xb = hbuf, scale = 1;                                                         \
+                }                                                                                 \
+                /* element by element, so ob may be x itself (in place) */                        \
+                if (wb)                                                                           \
+                    for (int64_t i = 0; i < len; i++) ob[i] = xb[i] * scale * (offset + wb[i]);   \
+                else                                                                              \
+                    for (int64_t i = 0; i < len; i++) ob[i] = xb[i] * scale;                      \
+                opsmith_narrow_##SUFFIX(a->yd, ob, yr, b0, len);                                  \
             }                                                                                     \
         }                                                                                         \
     }                                                                                             \
                                                                                                   \
-    /* partial is the workspace: (chunks, n) sums, zeroed here */                                 \
-    static void rms_norm_bwd_##SUFFIX(int64_t rows, int64_t n, const T *dy, int64_t dys,          \
-                                      const T *x, int64_t xs, const T *w, const ACC *inv_rms,      \
-                                      T *dx, int64_t dxs, T *dw, ACC *partial, int threads) {      \
-        if (!dw) {                                                                                \
-            _Pragma("omp parallel for schedule(static) num_threads(threads)")                     \
-            for (int64_t r = 0; r < rows; r++)                                                    \
-                rms_norm_bwd_rows_##SUFFIX(r, r + 1, n, dy, dys, x, xs, w, inv_rms, dx, dxs, NULL);\
-            return;                                                                               \
-        }                                                                                         \
-        const int64_t chunks = rows < OPSMITH_RMS_NORM_CPU_DWEIGHT_CHUNKS                          \
-                                   ? rows : OPSMITH_RMS_NORM_CPU_DWEIGHT_CHUNKS;                   \
-        _Pragma("omp parallel for schedule(static) num_threads(threads)")                         \
-        for (int64_t c = 0; c < chunks; c++) {                                                    \
-            ACC *pc = partial + c * n;                                                            \
-            for (int64_t i = 0; i < n; i++) pc[i] = 0;                                            \
-            rms_norm_bwd_rows_##SUFFIX(rows * c / chunks, rows * (c + 1) / chunks, n, dy, dys, x,  \
-                                       xs, w, inv_rms, dx, dxs, pc);                              \
-        }                                                                                         \
-        _Pragma("omp parallel for schedule(static) num_threads(threads)")                         \
-        for (int64_t i = 0; i < n; i++) {                                                         \
-            ACC s = 0;                                                                            \
-            for (int64_t c = 0; c < chunks; c++) s += partial[c * n + i];                         \
-            dw[i] = STORE(s);                                                                     \
+    /* dx for rows [r0, r1); adds dy * x_hat into partial (n) when non-NULL */                    \
+    OPSMITH_CLONES static void bwd_rows_##SUFFIX(const bwd_args *a, int64_t r0, int64_t r1,       \
+                                                 ACC *partial) {                                  \
+        ACC xbuf[BLOCK], gbuf[BLOCK], wbuf[BLOCK], sbuf[BLOCK], hbuf[BLOCK], obuf[BLOCK];         \
+        const ACC offset = (ACC)a->offset;                                                        \
+        const int64_t n = a->n;                                                                   \
+        for (int64_t r = r0; r < r1; r++) {                                                       \
+            const char *xr = (const char *)a->x + r * a->xs * (int64_t)opsmith_dtype_size(a->xd); \
+            const char *dyr = (const char *)a->dy + r * a->dys * (int64_t)opsmith_dtype_size(a->gd);\
+            char *dxr = (char *)a->dx + r * a->dxs * (int64_t)opsmith_dtype_size(a->xd);          \
+            const ACC inv = ((const ACC *)a->inv_rms)[r];                                         \
+            ACC blocks[LANES] = {0};                                                              \
+            for (int64_t b0 = 0, nb = 0; b0 < n; b0 += BLOCK, nb++) {                             \
+                const int64_t len = n - b0 < BLOCK ? n - b0 : BLOCK;                              \
+                const ACC *xb = opsmith_widen_##SUFFIX(a->xd, xr, b0, len, xbuf);                 \
+                const ACC *gb = opsmith_widen_##SUFFIX(a->gd, dyr, b0, len, gbuf);                \
+                const ACC *wb = a->w ? opsmith_widen_##SUFFIX(a->wd, a->w, b0, len, wbuf) : NULL; \
+                ACC lanes[LANES] = {0};                                                           \
+                add_products_##SUFFIX(lanes, scaled_##SUFFIX(gb, wb, offset, len, sbuf), xb, len);\
+                blocks[nb % LANES] += sum_lanes_##SUFFIX(lanes);                                  \
+            }                                                                                     \
+            const ACC scale = inv * inv * inv * sum_lanes_##SUFFIX(blocks) / (ACC)n;              \
+            for (int64_t b0 = 0; b0 < n; b0 += BLOCK) {                                           \
+                const int64_t len = n - b0 < BLOCK ? n - b0 : BLOCK;                              \
+                const ACC *xb = opsmith_widen_##SUFFIX(a->xd, xr, b0, len, xbuf);                 \
+                const ACC *gb = opsmith_widen_##SUFFIX(a->gd, dyr, b0, len, gbuf);                \
+                const ACC *wb = a->w ? opsmith_widen_##SUFFIX(a->wd, a->w, b0, len, wbuf) : NULL; \
+                if (partial) {                                                                    \
+                    /* before dx is written: dx may be dy itself */                               \
+                    for (int64_t i = 0; i < len; i++) hbuf[i] = xb[i] * inv;                      \
+                    if (a->llama) opsmith_round_##SUFFIX(a->xd, hbuf, len);                       \
+                    for (int64_t i = 0; i < len; i++) partial[b0 + i] += gb[i] * hbuf[i];         \
+                }                                                                                 \
+                const ACC *sb = scaled_##SUFFIX(gb, wb, offset, len, sbuf);                       \
+                ACC *ob = opsmith_out_##SUFFIX(a->xd, dxr, b0, obuf);                             \
+                for (int64_t i = 0; i < len; i++) ob[i] = inv * sb[i] - xb[i] * scale;            \
+                opsmith_narrow_##SUFFIX(a->xd, ob, dxr, b0, len);                                 \
+            }                                                                                     \
         }                                                                                         \
     }
 
-DEFINE_RMS_NORM(f64, double, double, LOAD_F64, STORE_F64)
-DEFINE_RMS_NORM(f32, float, float, LOAD_F32, STORE_F32)
-DEFINE_RMS_NORM(f16, uint16_t, float, LOAD_F16, STORE_F16)
-DEFINE_RMS_NORM(bf16, uint16_t, float, LOAD_BF16, STORE_BF16)
+DEFINE_RMS_NORM(f64, double)
+DEFINE_RMS_NORM(f32, float)
+
+static void fwd_rows(const fwd_args *a, int64_t r0, int64_t r1) {
+    if (a->xd == OPSMITH_DTYPE_F64) fwd_rows_f64(a, r0, r1);
+    else fwd_rows_f32(a, r0, r1);
+}
+
+static void bwd_rows(const bwd_args *a, int64_t r0, int64_t r1, void *partial) {
+    if (a->xd == OPSMITH_DTYPE_F64) bwd_rows_f64(a, r0, r1, partial);
+    else bwd_rows_f32(a, r0, r1, partial);
+}
+
+static opsmith_dtype weight_dtype_or_acc(opsmith_dtype x_dtype, opsmith_dtype weight_dtype, const void *weight) {
+    return weight ? weight_dtype : opsmith_dtype_accumulate(x_dtype);
+}
+
+opsmith_status opsmith_rms_norm_ex_fwd_cpu(opsmith_dtype x_dtype, opsmith_dtype weight_dtype, opsmith_dtype y_dtype,
+                                           int64_t rows, int64_t n, const void *x, int64_t x_row_stride,
+                                           const void *weight, double offset, double eps,
+                                           opsmith_rms_norm_casting casting, void *y, int64_t y_row_stride,
+                                           void *inv_rms) {
+    weight_dtype = weight_dtype_or_acc(x_dtype, weight_dtype, weight);
+    opsmith_status s = opsmith_internal_rms_norm_check("rms_norm_fwd_cpu", x_dtype, weight_dtype, y_dtype, rows, n,
+                                                       x, x_row_stride, 0, NULL, 0, weight, offset, eps, casting, y,
+                                                       y_row_stride, inv_rms, NULL);
+    if (s != OPSMITH_STATUS_SUCCESS || rows == 0) return s;
+    const fwd_args a = {x_dtype, weight_dtype, y_dtype, rows, n, x_row_stride, y_row_stride, x, weight, y, inv_rms,
+                        offset, eps, casting == OPSMITH_RMS_NORM_CASTING_LLAMA};
+    const int t = opsmith_get_num_threads();
+#pragma omp parallel for schedule(static) num_threads(t)
+    for (int64_t r = 0; r < rows; r++) fwd_rows(&a, r, r + 1);
+    return OPSMITH_STATUS_SUCCESS;
+}
+
+size_t opsmith_rms_norm_ex_bwd_cpu_workspace_size(opsmith_dtype x_dtype, opsmith_dtype weight_dtype,
+                                                  opsmith_dtype dy_dtype, int64_t rows, int64_t n, const void *dy,
+                                                  int64_t dy_row_stride, const void *x, int64_t x_row_stride,
+                                                  const void *weight, double offset, opsmith_rms_norm_casting casting,
+                                                  const void *inv_rms, void *dx, int64_t dx_row_stride,
+                                                  void *dweight) {
+    (void)weight_dtype, (void)dy_dtype, (void)dy, (void)dy_row_stride, (void)x, (void)x_row_stride, (void)offset;
+    (void)casting, (void)inv_rms, (void)dx, (void)dx_row_stride;
+    return opsmith_internal_rms_norm_bwd_cpu_workspace(x_dtype, rows, n, weight && dweight);
+}
+
+opsmith_status opsmith_rms_norm_ex_bwd_cpu(opsmith_dtype x_dtype, opsmith_dtype weight_dtype, opsmith_dtype dy_dtype,
+                                           int64_t rows, int64_t n, const void *dy, int64_t dy_row_stride,
+                                           const void *x, int64_t x_row_stride, const void *weight, double offset,
+                                           opsmith_rms_norm_casting casting, const void *inv_rms, void *dx,
+                                           int64_t dx_row_stride, void *dweight, void *workspace,
+                                           size_t workspace_bytes) {
+    static const char op[] = "rms_norm_bwd_cpu";
+    void *dw = weight ? dweight : NULL;
+    weight_dtype = weight_dtype_or_acc(x_dtype, weight_dtype, weight);
+    opsmith_status s = opsmith_internal_rms_norm_check(op, x_dtype, weight_dtype, dy_dtype, rows, n, x, x_row_stride,
+                                                       1, dy, dy_row_stride, weight, offset, 0.0, casting, dx,
+                                                       dx_row_stride, inv_rms, dw);
+    if (s != OPSMITH_STATUS_SUCCESS) return s;
+    if (rows == 0) {
+        /* no rows: the weight gradient is an empty sum */
+        if (dw)
+            for (int64_t i = 0; i < n; i++) opsmith_store_from_double(weight_dtype, dw, i, 0.0);
+        return OPSMITH_STATUS_SUCCESS;
+    }
+    s = opsmith_internal_check_workspace(op, workspace, workspace_bytes,
+                                         opsmith_internal_rms_norm_bwd_cpu_workspace(x_dtype, rows, n, dw != NULL));
+    if (s != OPSMITH_STATUS_SUCCESS) return s;
+    const bwd_args a = {x_dtype, weight_dtype, dy_dtype, rows, n, dy_row_stride, x_row_stride, dx_row_stride,
+                        dy, x, weight, inv_rms, dx, offset, casting == OPSMITH_RMS_NORM_CASTING_LLAMA};
+    const int t = opsmith_get_num_threads();
+    if (!dw) {
+#pragma omp parallel for schedule(static) num_threads(t)
+        for (int64_t r = 0; r < rows; r++) bwd_rows(&a, r, r + 1, NULL);
+        return OPSMITH_STATUS_SUCCESS;
+    }
+    /* dweight: each of a fixed number of row chunks sums into its own
+     * workspace row, then the chunk rows are added in order, so the bits do
+     * not depend on the thread count */
+    const int64_t chunks = rows < OPSMITH_RMS_NORM_CPU_DWEIGHT_CHUNKS ? rows : OPSMITH_RMS_NORM_CPU_DWEIGHT_CHUNKS;
+    const size_t acc = opsmith_dtype_size(opsmith_dtype_accumulate(x_dtype));
+#pragma omp parallel for schedule(static) num_threads(t)
+    for (int64_t c = 0; c < chunks; c++) {
+        char *pc = (char *)workspace + (size_t)(c * n) * acc;
+        memset(pc, 0, (size_t)n * acc);
+        bwd_rows(&a, rows * c / chunks, rows * (c + 1) / chunks, pc);
+    }
+#pragma omp parallel for schedule(static) num_threads(t)
+    for (int64_t i = 0; i < n; i++) {
+        double s_ = 0; /* f32 sums added as before in float; f64 in double */
+        if (acc == sizeof(double)) {
+            for (int64_t c = 0; c < chunks; c++) s_ += ((const double *)workspace)[c * n + i];
+        } else {
+            float f = 0;
+            for (int64_t c = 0; c < chunks; c++) f += ((const float *)workspace)[c * n + i];
+            s_ = f;
+        }
+        opsmith_store_from_double(weight_dtype, dw, i, s_);
+    }
+    return OPSMITH_STATUS_SUCCESS;
+}
+
+/* --- the one-dtype launchers ------------------------------------------------------ */
 
 opsmith_status opsmith_rms_norm_fwd_cpu(opsmith_dtype dtype, int64_t rows, int64_t n, const void *x,
                                         int64_t x_row_stride, const void *weight, double eps, void *y,
                                         int64_t y_row_stride, void *inv_rms) {
-    opsmith_status s = opsmith_internal_rms_norm_check("rms_norm_fwd_cpu", dtype, rows, n, x, x_row_stride, 0, NULL, 0,
-                                                       weight, eps, y, y_row_stride, inv_rms, NULL);
-    if (s != OPSMITH_STATUS_SUCCESS || rows == 0) return s;
-    const int t = opsmith_get_num_threads();
-    const int64_t xs = x_row_stride, ys = y_row_stride;
-    switch (dtype) {
-    case OPSMITH_DTYPE_F64: rms_norm_fwd_f64(rows, n, x, xs, weight, eps, y, ys, inv_rms, t); break;
-    case OPSMITH_DTYPE_F32: rms_norm_fwd_f32(rows, n, x, xs, weight, (float)eps, y, ys, inv_rms, t); break;
-    case OPSMITH_DTYPE_F16: rms_norm_fwd_f16(rows, n, x, xs, weight, (float)eps, y, ys, inv_rms, t); break;
-    case OPSMITH_DTYPE_BF16: rms_norm_fwd_bf16(rows, n, x, xs, weight, (float)eps, y, ys, inv_rms, t); break;
-    default: return OPSMITH_STATUS_UNSUPPORTED_DTYPE;
-    }
-    return OPSMITH_STATUS_SUCCESS;
+    return opsmith_rms_norm_ex_fwd_cpu(dtype, dtype, dtype, rows, n, x, x_row_stride, weight, 0.0, eps,
+                                       OPSMITH_RMS_NORM_CASTING_NONE, y, y_row_stride, inv_rms);
 }
 
 size_t opsmith_rms_norm_bwd_cpu_workspace_size(opsmith_dtype dtype, int64_t rows, int64_t n, const void *dy,
                                                int64_t dy_row_stride, const void *x, int64_t x_row_stride,
                                                const void *weight, const void *inv_rms, void *dx,
                                                int64_t dx_row_stride, void *dweight) {
-    (void)dy, (void)dy_row_stride, (void)x, (void)x_row_stride, (void)inv_rms, (void)dx, (void)dx_row_stride;
-    return opsmith_internal_rms_norm_bwd_cpu_workspace(dtype, rows, n, weight && dweight);
+    return opsmith_rms_norm_ex_bwd_cpu_workspace_size(dtype, dtype, dtype, rows, n, dy, dy_row_stride, x,
+                                                      x_row_stride, weight, 0.0, OPSMITH_RMS_NORM_CASTING_NONE,
+                                                      inv_rms, dx, dx_row_stride, dweight);
 }
 
 opsmith_status opsmith_rms_norm_bwd_cpu(opsmith_dtype dtype, int64_t rows, int64_t n, const void *dy,
                                         int64_t dy_row_stride, const void *x, int64_t x_row_stride,
                                         const void *weight, const void *inv_rms, void *dx, int64_t dx_row_stride,
                                         void *dweight, void *workspace, size_t workspace_bytes) {
-    static const char op[] = "rms_norm_bwd_cpu";
-    void *dw = weight ? dweight : NULL;
-    opsmith_status s = opsmith_internal_rms_norm_check(op, dtype, rows, n, x, x_row_stride, 1, dy, dy_row_stride,
-                                                       weight, 0.0, dx, dx_row_stride, inv_rms, dw);
-    if (s != OPSMITH_STATUS_SUCCESS) return s;
-    if (rows == 0) {
-        /* no rows: the weight gradient is an empty sum */
-        if (dw)
-            for (int64_t i = 0; i < n; i++) opsmith_store_from_double(dtype, dw, i, 0.0);
-        return OPSMITH_STATUS_SUCCESS;
-    }
-    s = opsmith_internal_check_workspace(op, workspace, workspace_bytes,
-                                         opsmith_internal_rms_norm_bwd_cpu_workspace(dtype, rows, n, dw != NULL));
-    if (s != OPSMITH_STATUS_SUCCESS) return s;
-    const int t = opsmith_get_num_threads();
-    const int64_t dys = dy_row_stride, xs = x_row_stride, dxs = dx_row_stride;
-    switch (dtype) {
-    case OPSMITH_DTYPE_F64: rms_norm_bwd_f64(rows, n, dy, dys, x, xs, weight, inv_rms, dx, dxs, dw, workspace, t); break;
-    case OPSMITH_DTYPE_F32: rms_norm_bwd_f32(rows, n, dy, dys, x, xs, weight, inv_rms, dx, dxs, dw, workspace, t); break;
-    case OPSMITH_DTYPE_F16: rms_norm_bwd_f16(rows, n, dy, dys, x, xs, weight, inv_rms, dx, dxs, dw, workspace, t); break;
-    case OPSMITH_DTYPE_BF16: rms_norm_bwd_bf16(rows, n, dy, dys, x, xs, weight, inv_rms, dx, dxs, dw, workspace, t); break;
-    default: return OPSMITH_STATUS_UNSUPPORTED_DTYPE;
-    }
-    return OPSMITH_STATUS_SUCCESS;
+    return opsmith_rms_norm_ex_bwd_cpu(dtype, dtype, dtype, rows, n, dy, dy_row_stride, x, x_row_stride, weight,
+                                       0.0, OPSMITH_RMS_NORM_CASTING_NONE, inv_rms, dx, dx_row_stride, dweight,
+                                       workspace, workspace_bytes);
 }

@@ -53,14 +53,43 @@ template <typename T> __device__ __forceinline__ void store_pack(T *p, const Pac
     *reinterpret_cast<uint4 *>(p) = *reinterpret_cast<const uint4 *>(&v);
 }
 
+/* N consecutive elements of U moved as 16-byte packs (N * sizeof(U) a
+ * multiple of 16): a weight or output whose dtype is wider than x's, read or
+ * written in step with x's packs. Elems<T, Pack<T>::VEC> is one Pack<T>. */
+template <typename U, int N> struct alignas(16) Elems {
+    static_assert(N * sizeof(U) % 16 == 0, "whole 16-byte packs");
+    U v[N];
+};
+
+template <typename U, int N> __device__ __forceinline__ Elems<U, N> load_elems(const U *p) {
+    Elems<U, N> out;
+#pragma unroll
+    for (int k = 0; k < (int)(N * sizeof(U) / 16); k++)
+        reinterpret_cast<uint4 *>(&out)[k] = __ldg(reinterpret_cast<const uint4 *>(p) + k);
+    return out;
+}
+
+template <typename U, int N> __device__ __forceinline__ void store_elems(U *p, const Elems<U, N> &v) {
+#pragma unroll
+    for (int k = 0; k < (int)(N * sizeof(U) / 16); k++)
+        reinterpret_cast<uint4 *>(p)[k] = reinterpret_cast<const uint4 *>(&v)[k];
+}
+
+/* The type sums are kept in for storage type T. */
+template <typename T> struct AccOf { using type = float; };
+template <> struct AccOf<double> { using type = double; };
+
 /* Hides a pack's value from the optimiser. A kernel that reads a row into
  * registers, reduces it, then uses it again calls this between the two uses:
  * the compiler then converts the packed values again instead of keeping a
  * float copy of every element live across the reduction, which would double
  * the registers a row takes and halve the bytes an SM keeps in flight. */
-template <typename T> __device__ __forceinline__ void opaque(Pack<T> &p) {
+template <typename P> __device__ __forceinline__ void opaque(P &p) {
+    static_assert(sizeof(P) % 16 == 0, "a pack, or whole packs");
     uint32_t *u = reinterpret_cast<uint32_t *>(&p);
-    asm volatile("" : "+r"(u[0]), "+r"(u[1]), "+r"(u[2]), "+r"(u[3]));
+#pragma unroll
+    for (int k = 0; k < (int)(sizeof(P) / 4); k += 4)
+        asm volatile("" : "+r"(u[k]), "+r"(u[k + 1]), "+r"(u[k + 2]), "+r"(u[k + 3]));
 }
 
 __host__ __device__ __forceinline__ bool aligned16(const void *p) {
@@ -101,6 +130,34 @@ template <typename R, typename F> R dispatch_float(opsmith_dtype dtype, R fallba
     case OPSMITH_DTYPE_BF16: return f(DtypeTag<OPSMITH_DTYPE_BF16>{});
     default: return fallback;
     }
+}
+
+/* The dtype combinations a launcher with per-role dtypes (x, weight, y)
+ * supports: one dtype, or f16/bf16 x with an f32 weight and y in x's dtype
+ * or f32. Calls f(Types<T, W, Y>{}); `fallback` for any other. */
+template <typename TX, typename TW, typename TY> struct Types {
+    using T = TX;
+    using W = TW;
+    using Y = TY;
+};
+
+template <typename R, typename F> R dispatch_mixed(opsmith_dtype x, opsmith_dtype w, opsmith_dtype y, R fallback, F f) {
+    using bf16 = __nv_bfloat16;
+    if (x == w && w == y) {
+        switch (x) {
+        case OPSMITH_DTYPE_F64: return f(Types<double, double, double>{});
+        case OPSMITH_DTYPE_F32: return f(Types<float, float, float>{});
+        case OPSMITH_DTYPE_F16: return f(Types<__half, __half, __half>{});
+        case OPSMITH_DTYPE_BF16: return f(Types<bf16, bf16, bf16>{});
+        default: return fallback;
+        }
+    }
+    if (w != OPSMITH_DTYPE_F32) return fallback;
+    if (x == OPSMITH_DTYPE_BF16 && y == x) return f(Types<bf16, float, bf16>{});
+    if (x == OPSMITH_DTYPE_BF16 && y == OPSMITH_DTYPE_F32) return f(Types<bf16, float, float>{});
+    if (x == OPSMITH_DTYPE_F16 && y == x) return f(Types<__half, float, __half>{});
+    if (x == OPSMITH_DTYPE_F16 && y == OPSMITH_DTYPE_F32) return f(Types<__half, float, float>{});
+    return fallback;
 }
 
 /* Map the state after a launch to a status, keeping the runtime's message. */

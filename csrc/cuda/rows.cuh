@@ -46,6 +46,30 @@ __device__ __forceinline__ void store_acc(T *p, const A (&in)[Step<T, PACKED>::N
     }
 }
 
+/* N elements of U at p into accumulate type: 16-byte packs when N > 1
+ * (N * sizeof(U) a multiple of 16), else one element. For tensors whose
+ * dtype differs from x's, read in step with x's Step<T, PACKED>::N. */
+template <typename U, typename A, int N> __device__ __forceinline__ void load_n(const U *p, A (&out)[N]) {
+    if constexpr (N == 1) {
+        out[0] = to_acc(p[0]);
+    } else {
+        const Elems<U, N> e = load_elems<U, N>(p);
+#pragma unroll
+        for (int k = 0; k < N; k++) out[k] = to_acc(e.v[k]);
+    }
+}
+
+template <typename U, typename A, int N> __device__ __forceinline__ void store_n(U *p, const A (&in)[N]) {
+    if constexpr (N == 1) {
+        p[0] = from_acc<U>(in[0]);
+    } else {
+        Elems<U, N> e;
+#pragma unroll
+        for (int k = 0; k < N; k++) e.v[k] = from_acc<U>(in[k]);
+        store_elems<U, N>(p, e);
+    }
+}
+
 /* Sum across a row group: a warp, or the whole block. */
 template <bool WARP_ROWS, typename A> __device__ __forceinline__ A group_sum(A v, A *scratch) {
     if constexpr (WARP_ROWS) return warp_sum(v);

@@ -1,4 +1,6 @@
 /* RMSNorm argument validation, shared by the CPU and CUDA launchers. */
+#include <math.h>
+
 #include "internal/rms_norm.h"
 
 /* Byte range [lo, hi) of a (rows, n) tensor with a row stride. */
@@ -13,18 +15,45 @@ static span span_of(const void *p, int64_t rows, int64_t n, int64_t stride, size
 
 static int overlap(span a, span b) { return a.lo < b.hi && b.lo < a.hi; }
 
-opsmith_status opsmith_internal_rms_norm_check(const char *op, opsmith_dtype dtype, int64_t rows, int64_t n,
-                                               const void *x, int64_t x_row_stride, int backward, const void *dy,
-                                               int64_t dy_row_stride, const void *weight, double eps,
-                                               const void *out, int64_t out_row_stride,
-                                               const void *inv_rms, const void *dweight) {
+static int is_half(opsmith_dtype d) { return d == OPSMITH_DTYPE_F16 || d == OPSMITH_DTYPE_BF16; }
+
+/* The header's combinations: one dtype, or 16-bit x with an f32 weight and
+ * an output (y, or dy in the backward) in x's dtype or f32. */
+static int supported(opsmith_dtype x, opsmith_dtype w, opsmith_dtype out, int has_weight) {
+    if (!has_weight) w = x == OPSMITH_DTYPE_F64 ? x : OPSMITH_DTYPE_F32;
+    if (x == w && w == out) return 1;
+    return is_half(x) && w == OPSMITH_DTYPE_F32 && (out == x || out == OPSMITH_DTYPE_F32);
+}
+
+opsmith_status opsmith_internal_rms_norm_check(const char *op, opsmith_dtype x_dtype, opsmith_dtype weight_dtype,
+                                               opsmith_dtype out_dtype, int64_t rows, int64_t n, const void *x,
+                                               int64_t x_row_stride, int backward, const void *dy,
+                                               int64_t dy_row_stride, const void *weight, double offset, double eps,
+                                               opsmith_rms_norm_casting casting, const void *out,
+                                               int64_t out_row_stride, const void *inv_rms, const void *dweight) {
     const opsmith_status bad = OPSMITH_STATUS_INVALID_ARGUMENT;
     const char *out_name = backward ? "dx" : "y";
+    const char *out_dtype_name = backward ? "dy_dtype" : "y_dtype";
     opsmith_internal_clear_error();
-    if ((unsigned)dtype >= OPSMITH_DTYPE_COUNT || !opsmith_dtype_is_float(dtype))
+    const struct { const char *name; opsmith_dtype d; int present; } dtypes[] = {
+        {"x_dtype", x_dtype, 1}, {"weight_dtype", weight_dtype, weight != NULL}, {out_dtype_name, out_dtype, 1},
+    };
+    for (size_t i = 0; i < sizeof dtypes / sizeof dtypes[0]; i++)
+        if (dtypes[i].present && ((unsigned)dtypes[i].d >= OPSMITH_DTYPE_COUNT || !opsmith_dtype_is_float(dtypes[i].d)))
+            return opsmith_internal_fail(OPSMITH_STATUS_UNSUPPORTED_DTYPE,
+                                         "%s: %s must be f64, f32, f16 or bf16, got %s (%d)", op, dtypes[i].name,
+                                         opsmith_dtype_name(dtypes[i].d), (int)dtypes[i].d);
+    if (!supported(x_dtype, weight_dtype, out_dtype, weight != NULL))
         return opsmith_internal_fail(OPSMITH_STATUS_UNSUPPORTED_DTYPE,
-                                     "%s: dtype must be f64, f32, f16 or bf16, got %s (%d)", op,
-                                     opsmith_dtype_name(dtype), (int)dtype);
+                                     "%s: x_dtype %s, weight_dtype %s, %s %s is not a supported combination "
+                                     "(one dtype; or f16/bf16 x, f32 weight, %s x's or f32)",
+                                     op, opsmith_dtype_name(x_dtype), weight ? opsmith_dtype_name(weight_dtype) : "none",
+                                     out_dtype_name, opsmith_dtype_name(out_dtype), out_dtype_name);
+    if ((unsigned)casting >= OPSMITH_RMS_NORM_CASTING_COUNT)
+        return opsmith_internal_fail(bad, "%s: casting (%d) must be NONE, LLAMA or GEMMA", op, (int)casting);
+    if (!isfinite(offset)) return opsmith_internal_fail(bad, "%s: offset (%g) must be finite", op, offset);
+    if (offset != 0.0 && !weight)
+        return opsmith_internal_fail(bad, "%s: offset (%g) needs a weight (weight is NULL)", op, offset);
     if (rows < 0) return opsmith_internal_fail(bad, "%s: rows (%lld) must be >= 0", op, (long long)rows);
     if (n < 1) return opsmith_internal_fail(bad, "%s: n (%lld) must be >= 1", op, (long long)n);
     if (!(eps >= 0.0)) /* also rejects NaN */
@@ -45,39 +74,50 @@ opsmith_status opsmith_internal_rms_norm_check(const char *op, opsmith_dtype dty
         if (strides[i].present && rows > 1 && strides[i].stride < n)
             return opsmith_internal_fail(bad, "%s: %s (%lld) must be >= n (%lld) when rows > 1", op,
                                          strides[i].name, (long long)strides[i].stride, (long long)n);
-    const size_t size = opsmith_dtype_size(dtype);
-    const size_t acc_size = opsmith_dtype_size(opsmith_dtype_accumulate(dtype));
+    const size_t x_size = opsmith_dtype_size(x_dtype), w_size = opsmith_dtype_size(weight_dtype);
+    const size_t o_size = opsmith_dtype_size(out_dtype);
+    /* the sizes of y (forward) or dy (backward), and of the output written */
+    const size_t dy_size = backward ? o_size : x_size, out_size = backward ? x_size : o_size;
+    const size_t acc_size = opsmith_dtype_size(opsmith_dtype_accumulate(x_dtype));
     const struct { const char *name; const void *p; size_t align; } ptrs[] = {
-        {"x", x, size}, {"dy", dy, size}, {"weight", weight, size}, {out_name, out, size},
-        {"dweight", dweight, size}, {"inv_rms", inv_rms, acc_size},
+        {"x", x, x_size}, {"dy", dy, dy_size}, {"weight", weight, w_size}, {out_name, out, out_size},
+        {"dweight", dweight, w_size}, {"inv_rms", inv_rms, acc_size},
     };
     for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++)
         if (opsmith_internal_misaligned(ptrs[i].p, ptrs[i].align))
             return opsmith_internal_fail(OPSMITH_STATUS_MISALIGNED, "%s: %s (%p) is not aligned to %zu bytes",
                                          op, ptrs[i].name, ptrs[i].p, ptrs[i].align);
     /* the output may be its one permitted input exactly (y = x forward,
-     * dx = dy backward), and must be apart from every other */
-    const span o = span_of(out, rows, n, out_row_stride, size);
+     * dx = dy backward) when the two have one dtype, and must be apart from
+     * every other */
+    const span o = span_of(out, rows, n, out_row_stride, out_size);
     const void *may_alias = backward ? dy : x;
     const int64_t alias_stride = backward ? dy_row_stride : x_row_stride;
+    const int same_dtype = out_dtype == x_dtype; /* y and x, or dx and dy */
     const struct { const char *name; span s; int present; } inputs[] = {
-        {"x", span_of(x, rows, n, x_row_stride, size), 1},
-        {"dy", backward ? span_of(dy, rows, n, dy_row_stride, size) : o, backward},
-        {"weight", weight ? span_of(weight, 1, n, n, size) : o, weight != NULL},
+        {"x", span_of(x, rows, n, x_row_stride, x_size), 1},
+        {"dy", backward ? span_of(dy, rows, n, dy_row_stride, dy_size) : o, backward},
+        {"weight", weight ? span_of(weight, 1, n, n, w_size) : o, weight != NULL},
     };
     for (size_t i = 0; i < sizeof inputs / sizeof inputs[0]; i++) {
         if (!inputs[i].present || !overlap(o, inputs[i].s)) continue;
-        const int exact = (uintptr_t)may_alias == inputs[i].s.lo && out == may_alias &&
+        const int exact = same_dtype && (uintptr_t)may_alias == inputs[i].s.lo && out == may_alias &&
                           out_row_stride == alias_stride;
         if (!exact)
-            return opsmith_internal_fail(bad, "%s: %s overlaps %s; it may only be %s itself (same pointer and row stride)",
+            return opsmith_internal_fail(bad, "%s: %s overlaps %s; it may only be %s itself (same pointer, row stride and dtype)",
                                          op, out_name, inputs[i].name, backward ? "dy" : "x");
     }
     return OPSMITH_STATUS_SUCCESS;
 }
 
-size_t opsmith_internal_rms_norm_bwd_cpu_workspace(opsmith_dtype dtype, int64_t rows, int64_t n, int with_dweight) {
-    if (!with_dweight || rows <= 0 || n <= 0 || (unsigned)dtype >= OPSMITH_DTYPE_COUNT) return 0;
+size_t opsmith_internal_rms_norm_bwd_cpu_workspace(opsmith_dtype x_dtype, int64_t rows, int64_t n, int with_dweight) {
+    if (!with_dweight || rows <= 0 || n <= 0 || (unsigned)x_dtype >= OPSMITH_DTYPE_COUNT) return 0;
     const int64_t chunks = rows < OPSMITH_RMS_NORM_CPU_DWEIGHT_CHUNKS ? rows : OPSMITH_RMS_NORM_CPU_DWEIGHT_CHUNKS;
-    return (size_t)(chunks * n) * opsmith_dtype_size(opsmith_dtype_accumulate(dtype));
+    return (size_t)(chunks * n) * opsmith_dtype_size(opsmith_dtype_accumulate(x_dtype));
+}
+
+const char *opsmith_rms_norm_casting_name(opsmith_rms_norm_casting casting) {
+    static const char *const names[] = {"none", "llama", "gemma"};
+    _Static_assert(sizeof names / sizeof names[0] == OPSMITH_RMS_NORM_CASTING_COUNT, "a name for every casting");
+    return (unsigned)casting < OPSMITH_RMS_NORM_CASTING_COUNT ? names[casting] : "?";
 }

@@ -9,13 +9,16 @@
 extern "C" {
 #endif
 
-/* Validates a forward call (backward = 0, out = y; dy is ignored) or a
- * backward call (out = dx); `op` names the launcher in the error message.
- * Checks the dtype, sizes, strides, NULL and misaligned pointers, eps and
- * the aliasing rule (an output is its input exactly, or apart from it). */
+/* Validates a forward call (backward = 0: out = y in out_dtype = y_dtype;
+ * dy is ignored) or a backward call (out = dx in x_dtype; dy in out_dtype =
+ * dy_dtype); `op` names the launcher in the error message. Checks the dtype
+ * combination, sizes, strides, NULL and misaligned pointers, eps, offset,
+ * casting and the aliasing rule (an output is its input exactly, or apart
+ * from it). */
 OPSMITH_INTERNAL opsmith_status opsmith_internal_rms_norm_check(
-    const char *op, opsmith_dtype dtype, int64_t rows, int64_t n, const void *x, int64_t x_row_stride,
-    int backward, const void *dy, int64_t dy_row_stride, const void *weight, double eps, const void *out,
+    const char *op, opsmith_dtype x_dtype, opsmith_dtype weight_dtype, opsmith_dtype out_dtype, int64_t rows,
+    int64_t n, const void *x, int64_t x_row_stride, int backward, const void *dy, int64_t dy_row_stride,
+    const void *weight, double offset, double eps, opsmith_rms_norm_casting casting, const void *out,
     int64_t out_row_stride, const void *inv_rms, const void *dweight);
 
 /* dweight partial sums of the CPU backward go through a fixed number of
@@ -25,7 +28,7 @@ OPSMITH_INTERNAL opsmith_status opsmith_internal_rms_norm_check(
 
 /* Workspace of the CPU backward: dweight partial sums over a fixed number
  * of row chunks; 0 without dweight. */
-OPSMITH_INTERNAL size_t opsmith_internal_rms_norm_bwd_cpu_workspace(opsmith_dtype dtype, int64_t rows, int64_t n,
+OPSMITH_INTERNAL size_t opsmith_internal_rms_norm_bwd_cpu_workspace(opsmith_dtype x_dtype, int64_t rows, int64_t n,
                                                                     int with_dweight);
 
 /* The CUDA kernel family ("resident", "staged", "generic") a contiguous,

@@ -20,36 +20,83 @@ def _accumulate_dtype(dtype: torch.dtype) -> torch.dtype:
 
 # --- route B: the functional API -------------------------------------------------
 
-def rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None,
-             eps: Optional[float] = None) -> torch.Tensor:
+CASTING_MODES = ("none", "llama", "gemma")
+
+
+def _default_out_dtype(x, weight, casting_mode):
+    # LlamaRMSNorm returns weight * x_hat.to(x.dtype): the promoted dtype
+    # (float32 for a float32 weight); every other mode returns x's dtype, as
+    # torch.nn.functional.rms_norm and GemmaRMSNorm do
+    if casting_mode == "llama" and weight is not None:
+        return torch.promote_types(x.dtype, weight.dtype)
+    return None
+
+
+def rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: Optional[float] = None, *,
+             offset: float = 0.0, casting_mode: str = "none", out_dtype: Optional[torch.dtype] = None,
+             inplace_backward: bool = False) -> torch.Tensor:
     """RMSNorm over the last dimension of x:
-    ``x / sqrt(mean(x**2, -1) + eps) * weight``.
+    ``x / sqrt(mean(x**2, -1) + eps) * (offset + weight)``.
 
-    Same result as ``torch.nn.functional.rms_norm(x, (x.shape[-1],), weight, eps)``;
-    eps None means ``torch.finfo(x.dtype).eps``. x and weight share device and
-    dtype (float64, float32, float16, bfloat16); sums run in float32 (float64
-    for float64). Autograd is registered in C++ (csrc/torch): first-order
-    gradients, torch.func.grad and vjp; double backward and forward-mode AD
-    raise."""
-    return _rms_norm_fwd(x, weight, eps)[0]
+    With the defaults, the result of
+    ``torch.nn.functional.rms_norm(x, (x.shape[-1],), weight, eps)``; eps None
+    means ``torch.finfo(x.dtype).eps``. Sums run in float32 (float64 for
+    float64 x).
+
+    - weight: x's dtype, or float32 with float16/bfloat16 x (norm weights kept
+      in float32 under mixed precision).
+    - offset: Gemma's ``(1 + weight)`` is ``offset=1.0``; needs a weight.
+    - casting_mode: ``"llama"`` rounds x_hat to x's dtype before the weight
+      multiply and returns the promoted dtype, as Hugging Face's
+      ``LlamaRMSNorm``; ``"gemma"`` computes in float32 and returns x's dtype,
+      as ``GemmaRMSNorm``; ``"none"``: one rounding, x's dtype.
+    - out_dtype: overrides the output dtype (x's dtype, or float32 for 16-bit
+      x with a float32 weight or none).
+    - inplace_backward: the backward may write dx over the incoming gradient
+      (saves a tensor of x's size). Only when nothing else reads that
+      gradient: it must not be used when y feeds more than one op whose
+      backward shares the gradient buffer (for instance ``y + y`` or a
+      residual ``y + x`` that passes its gradient on unchanged).
+
+    Autograd is registered in C++ (csrc/torch): first-order gradients,
+    torch.func.grad and vjp; double backward and forward-mode AD raise."""
+    if casting_mode not in CASTING_MODES:
+        raise ValueError(f"rms_norm: casting_mode must be 'none', 'llama' or 'gemma', got {casting_mode!r}")
+    if out_dtype is None:
+        out_dtype = _default_out_dtype(x, weight, casting_mode)
+    return _rms_norm_fwd(x, weight, eps, offset, casting_mode, out_dtype, inplace_backward)[0]
 
 
-@torch.library.register_fake("opsmith::rms_norm_fwd")
-def _rms_norm_fwd_fake(x, weight, eps=None):
+def _check_fake(x, weight):
     torch._check(x.dim() >= 1, lambda: "rms_norm: x must have at least 1 dimension")
     if weight is not None:
         torch._check(weight.shape == x.shape[-1:],
                      lambda: f"rms_norm: weight must have shape {list(x.shape[-1:])}, got {list(weight.shape)}")
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
+@torch.library.register_fake("opsmith::rms_norm_fwd")
+def _rms_norm_fwd_fake(x, weight, eps=None, offset=0.0, casting_mode="none", out_dtype=None,
+                       inplace_backward=False):
+    _check_fake(x, weight)
+    y = torch.empty(x.shape, dtype=out_dtype or x.dtype, device=x.device)
     inv_rms = torch.empty(x.shape[:-1], dtype=_accumulate_dtype(x.dtype), device=x.device)
     return y, inv_rms
 
 
+def _dweight_fake(x, weight):
+    if weight is None:
+        return torch.empty((0,), dtype=x.dtype, device=x.device)
+    return torch.empty((x.shape[-1],), dtype=weight.dtype, device=x.device)
+
+
 @torch.library.register_fake("opsmith::rms_norm_bwd")
-def _rms_norm_bwd_fake(dy, x, weight, inv_rms):
-    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    dweight = torch.empty((x.shape[-1] if weight is not None else 0,), dtype=x.dtype, device=x.device)
-    return dx, dweight
+def _rms_norm_bwd_fake(dy, x, weight, inv_rms, offset=0.0, casting_mode="none"):
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device), _dweight_fake(x, weight)
+
+
+@torch.library.register_fake("opsmith::rms_norm_bwd_")
+def _rms_norm_bwd_inplace_fake(dy, x, weight, inv_rms, offset=0.0, casting_mode="none"):
+    return _dweight_fake(x, weight)
 
 
 # --- vmap rules --------------------------------------------------------------------
@@ -79,25 +126,31 @@ def _check_example_rank(x, bdim):
 
 
 @torch.library.register_vmap("opsmith::rms_norm_fwd")
-def _rms_norm_fwd_vmap(info, in_dims, x, weight, eps=None):
+def _rms_norm_fwd_vmap(info, in_dims, x, weight, eps=None, offset=0.0, casting_mode="none", out_dtype=None,
+                       inplace_backward=False):
     x_bdim, w_bdim = in_dims[0], in_dims[1]
     _check_example_rank(x, x_bdim)
+
+    def op(a, b):
+        return _rms_norm_fwd(a, b, eps, offset, casting_mode, out_dtype, inplace_backward)
+
     if w_bdim is None:
-        y, inv_rms = _rms_norm_fwd(x.movedim(x_bdim, 0), weight, eps)
+        y, inv_rms = op(x.movedim(x_bdim, 0), weight)
     else:
-        y, inv_rms = _loop(info.batch_size, (x_bdim, w_bdim), lambda a, b: _rms_norm_fwd(a, b, eps), (x, weight))
+        y, inv_rms = _loop(info.batch_size, (x_bdim, w_bdim), op, (x, weight))
     return (y, inv_rms), (0, 0)
 
 
 @torch.library.register_vmap("opsmith::rms_norm_bwd")
-def _rms_norm_bwd_vmap(info, in_dims, dy, x, weight, inv_rms):
-    dy_bdim, x_bdim, w_bdim, inv_bdim = in_dims
+def _rms_norm_bwd_vmap(info, in_dims, dy, x, weight, inv_rms, offset=0.0, casting_mode="none"):
+    dy_bdim, x_bdim, w_bdim, inv_bdim = in_dims[:4]
     if weight is None:
         b = info.batch_size
         dx, dweight = _rms_norm_bwd(_to_front(dy, dy_bdim, b), _to_front(x, x_bdim, b), None,
-                                    _to_front(inv_rms, inv_bdim, b))
+                                    _to_front(inv_rms, inv_bdim, b), offset, casting_mode)
         return (dx, dweight), (0, None)
-    out = _loop(info.batch_size, in_dims, _rms_norm_bwd, (dy, x, weight, inv_rms))
+    out = _loop(info.batch_size, (dy_bdim, x_bdim, w_bdim, inv_bdim),
+                lambda a, b, c, d: _rms_norm_bwd(a, b, c, d, offset, casting_mode), (dy, x, weight, inv_rms))
     return out, (0, 0)
 
 
@@ -117,9 +170,10 @@ def _pybind():
 
 class RMSNormFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, eps):
-        y, inv_rms = _pybind().rms_norm_fwd(x, weight, eps)
+    def forward(ctx, x, weight, eps, offset=0.0, casting_mode="none", out_dtype=None):
+        y, inv_rms = _pybind().rms_norm_fwd(x, weight, eps, offset, casting_mode, out_dtype)
         ctx.save_for_backward(x, weight, inv_rms)
+        ctx.options = (offset, casting_mode)
         return y
 
     @staticmethod
@@ -138,42 +192,60 @@ class RMSNormFunction(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def _backward(ctx, dy):
         x, weight, inv_rms = ctx.saved_tensors
-        dx, dweight = _pybind().rms_norm_bwd(dy, x, weight, inv_rms)
-        return dx, (dweight if weight is not None else None), None
+        dx, dweight = _pybind().rms_norm_bwd(dy, x, weight, inv_rms, *ctx.options)
+        return dx, (dweight if weight is not None else None), None, None, None, None
 
 
 PYBIND_TRANSFORM_ERROR = ("opsmith.pybind.rms_norm: route A does not support torch.func transforms "
                           "(grad, vjp, jvp, vmap); use opsmith.rms_norm")
 
 
-def rms_norm_pybind(x: torch.Tensor, weight: Optional[torch.Tensor] = None,
-                    eps: Optional[float] = None) -> torch.Tensor:
+def rms_norm_pybind(x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: Optional[float] = None, *,
+                    offset: float = 0.0, casting_mode: str = "none",
+                    out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
     """Route A twin of opsmith.rms_norm (opsmith.pybind.rms_norm): same bits.
     First-order gradients only; not under torch.func transforms."""
     if torch._C._are_functorch_transforms_active():
         raise RuntimeError(PYBIND_TRANSFORM_ERROR)
-    return RMSNormFunction.apply(x, weight, eps)
+    if casting_mode not in CASTING_MODES:
+        raise ValueError(f"rms_norm: casting_mode must be 'none', 'llama' or 'gemma', got {casting_mode!r}")
+    if out_dtype is None:
+        out_dtype = _default_out_dtype(x, weight, casting_mode)
+    return RMSNormFunction.apply(x, weight, eps, offset, casting_mode, out_dtype)
 
 
 # --- the nn module ---------------------------------------------------------------------
 
 class RMSNorm(torch.nn.Module):
-    """Drop-in for torch.nn.RMSNorm, computed by opsmith's kernels."""
+    """Drop-in for torch.nn.RMSNorm, computed by opsmith's kernels; with the
+    keyword options also for Hugging Face's norms: ``casting_mode="llama"``
+    (LlamaRMSNorm and the models that copy it), ``offset=1.0,
+    casting_mode="gemma"`` (GemmaRMSNorm, whose weight starts at 0). The
+    weight starts so that offset + weight = 1. A float32 weight with 16-bit
+    inputs is computed as such (no cast of the weight per call)."""
 
-    __constants__ = ["normalized_shape", "eps", "elementwise_affine"]
+    __constants__ = ["normalized_shape", "eps", "elementwise_affine", "offset", "casting_mode"]
     normalized_shape: Tuple[int, ...]
     eps: Optional[float]
     elementwise_affine: bool
 
     def __init__(self, normalized_shape: Union[int, Tuple[int, ...], torch.Size],
                  eps: Optional[float] = None, elementwise_affine: bool = True,
-                 device=None, dtype=None) -> None:
+                 device=None, dtype=None, *, offset: float = 0.0, casting_mode: str = "none",
+                 inplace_backward: bool = False) -> None:
         super().__init__()
         if isinstance(normalized_shape, numbers.Integral):
             normalized_shape = (normalized_shape,)
+        if casting_mode not in CASTING_MODES:
+            raise ValueError(f"RMSNorm: casting_mode must be 'none', 'llama' or 'gemma', got {casting_mode!r}")
+        if offset != 0.0 and not elementwise_affine:
+            raise ValueError("RMSNorm: offset scales the weight: it needs elementwise_affine=True")
         self.normalized_shape = tuple(normalized_shape)
         self.eps = eps
         self.elementwise_affine = elementwise_affine
+        self.offset = float(offset)
+        self.casting_mode = casting_mode
+        self.inplace_backward = inplace_backward
         if elementwise_affine:
             self.weight = torch.nn.Parameter(
                 torch.empty(self.normalized_shape, device=device, dtype=dtype))
@@ -183,7 +255,7 @@ class RMSNorm(torch.nn.Module):
 
     def reset_parameters(self) -> None:
         if self.weight is not None:
-            torch.nn.init.ones_(self.weight)
+            torch.nn.init.constant_(self.weight, 1.0 - self.offset)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         k = len(self.normalized_shape)
@@ -191,15 +263,21 @@ class RMSNorm(torch.nn.Module):
             raise RuntimeError(
                 f"RMSNorm: expected input with shape [*, {', '.join(map(str, self.normalized_shape))}], "
                 f"got {list(x.shape)}")
+        options = dict(offset=self.offset, casting_mode=self.casting_mode, inplace_backward=self.inplace_backward)
         if k == 1:
-            return rms_norm(x, self.weight, self.eps)
+            return rms_norm(x, self.weight, self.eps, **options)
         # normalize over the last k dims as one flattened dim
         weight = self.weight.reshape(-1) if self.weight is not None else None
-        return rms_norm(x.flatten(-k), weight, self.eps).view(x.shape)
+        y = rms_norm(x.flatten(-k), weight, self.eps, **options)
+        return y.view(*x.shape[:-k], *self.normalized_shape)
 
     def extra_repr(self) -> str:
-        return "{normalized_shape}, eps={eps}, elementwise_affine={elementwise_affine}".format(
-            **self.__dict__)
+        s = "{normalized_shape}, eps={eps}, elementwise_affine={elementwise_affine}".format(**self.__dict__)
+        if self.offset:
+            s += f", offset={self.offset}"
+        if self.casting_mode != "none":
+            s += f", casting_mode={self.casting_mode!r}"
+        return s
 
 
 # --- what this op adds to opsmith, opsmith.nn and opsmith.pybind -------------------------
