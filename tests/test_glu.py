@@ -271,3 +271,25 @@ def test_recompute_function_gradcheck():
     for activation in ACTIVATIONS:
         assert torch.autograd.gradcheck(lambda g, u, w, b: GatedDownProjection.apply(g, u, w, b, activation),
                                         (gate, up, w, b))
+
+
+# --- the benchmark's entries -------------------------------------------------------------------
+
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+def test_bench_providers_agree_on_cpu(activation):
+    # the providers are called as `opsmith bench` calls them (inputs by name);
+    # Liger and torch.compile need a GPU / a compile and are left to the GPU run
+    from opsmith.specs.glu import bench_spec
+    spec = bench_spec(activation)
+    inputs = spec.make_inputs(4, 64, torch.float32, "cpu")
+    args = {k: inputs[k] for k in spec.grad_inputs}
+    expected = torch_math(activation, args["gate"], args["up"])
+    ran = []
+    for name, factory in spec.providers.items():
+        if name in ("liger", "torch_compile"):
+            continue
+        torch.testing.assert_close(factory(64, torch.float32, "cpu")(**args), expected, msg=name)
+        ran.append(name)
+    assert {"opsmith", "opsmith_pybind", "torch_eager"} <= set(ran)
+    assert ("liger" in spec.providers) == (activation != "gelu"), "Liger has SiLU-mul and tanh GELU-mul only"
+    assert spec.fwd_bytes(2, 8, 2) == 3 * 2 * 8 * 2 and spec.fwdbwd_bytes(2, 8, 2) == 8 * 2 * 8 * 2

@@ -191,11 +191,12 @@ def _eager(approximate):
 def _providers(activation):
     """opsmith (route B and A), eager PyTorch, torch.compile of it, Liger."""
     approximate = {"silu": None, "gelu": "none", "gelu_tanh": "tanh"}[activation]
+    # providers are called with the inputs by name: fn(gate=..., up=...)
     if activation == "silu":
-        ours, ours_a = (lambda g, u: swiglu(g, u)), (lambda g, u: swiglu_pybind(g, u))
+        ours, ours_a = (lambda gate, up: swiglu(gate, up)), (lambda gate, up: swiglu_pybind(gate, up))
     else:
-        ours = lambda g, u: geglu(g, u, approximate)  # noqa: E731
-        ours_a = lambda g, u: geglu_pybind(g, u, approximate)  # noqa: E731
+        ours = lambda gate, up: geglu(gate, up, approximate)  # noqa: E731
+        ours_a = lambda gate, up: geglu_pybind(gate, up, approximate)  # noqa: E731
     providers = {
         "opsmith": lambda n, dt, dev: ours,
         "opsmith_pybind": lambda n, dt, dev: ours_a,
