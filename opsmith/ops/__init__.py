@@ -13,6 +13,7 @@ from typing import Dict, List
 
 OP_MODULES = (
     "rms_norm",
+    "glu",
 )
 
 _KINDS = ("FUNCTIONS", "MODULES", "PYBIND")
