@@ -270,7 +270,7 @@ opsmith_status opsmith_glu_fwd_cpu(opsmith_glu_activation activation, opsmith_dt
     const fwd_span_fn fn = FWD[activation][dtype];
     const size_t es = opsmith_dtype_size(dtype);
     const int64_t items = p.rows * p.chunks;
-    const int threads = opsmith_get_num_threads();
+    const int threads = opsmith_internal_threads_for(rows * n);
 #pragma omp parallel for schedule(static) num_threads(threads) if (items > 1)
     for (int64_t it = 0; it < items; it++) {
         const int64_t r = it / p.chunks, c0 = it % p.chunks * GLU_CHUNK;
@@ -295,7 +295,7 @@ opsmith_status opsmith_glu_bwd_cpu(opsmith_glu_activation activation, opsmith_dt
     const bwd_span_fn fn = BWD[activation][dtype];
     const size_t es = opsmith_dtype_size(dtype);
     const int64_t items = p.rows * p.chunks;
-    const int threads = opsmith_get_num_threads();
+    const int threads = opsmith_internal_threads_for(rows * n);
 #pragma omp parallel for schedule(static) num_threads(threads) if (items > 1)
     for (int64_t it = 0; it < items; it++) {
         const int64_t r = it / p.chunks, c0 = it % p.chunks * GLU_CHUNK;
