@@ -13,6 +13,7 @@ from typing import Dict, List
 
 OP_MODULES = (
     "rms_norm",
+    "layer_norm",
 )
 
 _KINDS = ("FUNCTIONS", "MODULES", "PYBIND")
