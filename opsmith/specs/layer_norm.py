@@ -54,10 +54,16 @@ def _ln_opcheck(inputs):
 
 
 def _ln_reference(inputs, dtype=None):
-    x, w, b = inputs["x"], inputs.get("weight"), inputs.get("bias")
-    w64 = None if w is None else w.to(torch.float64)
-    b64 = None if b is None else b.to(torch.float64)
-    return F.layer_norm(x.to(torch.float64), (x.shape[-1],), w64, b64, _ln_eps(inputs))
+    # the definition, two passes in float64 (F.layer_norm's own float64 mean
+    # is not exact: for one element it leaves x - mean ~1e-12 at |x| ~ 1e4)
+    x, w, b = inputs["x"].to(torch.float64), inputs.get("weight"), inputs.get("bias")
+    d = x - x.mean(-1, keepdim=True)
+    y = d * torch.rsqrt((d * d).mean(-1, keepdim=True) + _ln_eps(inputs))
+    if w is not None:
+        y = y * w.to(torch.float64)
+    if b is not None:
+        y = y + b.to(torch.float64)
+    return y
 
 
 def _ln_torch_equivalent(inputs):

@@ -760,8 +760,8 @@ static void ln_cuda_plans(void)
         {OPSMITH_DTYPE_BF16, OPSMITH_DTYPE_BF16, 3, 4096, 0, "resident"},
         {OPSMITH_DTYPE_BF16, OPSMITH_DTYPE_F32, 3, 4096, 1, "resident"},
         {OPSMITH_DTYPE_BF16, OPSMITH_DTYPE_BF16, 2000, 4096, 0, "resident"},
-        {OPSMITH_DTYPE_BF16, OPSMITH_DTYPE_BF16, 13000, 512, 1, "staged"},
-        {OPSMITH_DTYPE_BF16, OPSMITH_DTYPE_F32, 1000, 4096, 1, "staged"},
+        {OPSMITH_DTYPE_BF16, OPSMITH_DTYPE_BF16, 13000, 512, 1, "resident"},
+        {OPSMITH_DTYPE_BF16, OPSMITH_DTYPE_F32, 1000, 4096, 1, "resident"},
         {OPSMITH_DTYPE_F32, OPSMITH_DTYPE_F32, 140, 4096, 1, "resident"},
         {OPSMITH_DTYPE_BF16, OPSMITH_DTYPE_BF16, 140, 40000, 1, "generic"},
     };
