@@ -136,6 +136,15 @@ LN_CLONES static void bf16_row_out(const float *s, uint16_t *d, int64_t n) {
 static void none_row_in(const void *s, void *d, int64_t n) { (void)s, (void)d, (void)n; }
 static void none_row_out(const void *s, void *d, int64_t n) { (void)s, (void)d, (void)n; }
 
+/* Threads worth starting for `elements` of work: below ~32K elements a
+ * thread, waking another costs more than it saves (and on a busy machine a
+ * parallel region can wait a scheduler tick for a descheduled thread). */
+#define LN_MIN_PER_THREAD 32768
+static int ln_threads_for(int threads, int64_t elements) {
+    const int64_t useful = elements / LN_MIN_PER_THREAD;
+    return useful < 1 ? 1 : useful < threads ? (int)useful : threads;
+}
+
 /* a buffered value or the element itself (B is a constant: no branch left) */
 #define LN_PICK(B, buffered, direct) ((B) ? (buffered) : (direct))
 #define LN_PUT(B, buffered, direct, STORE, v) \
@@ -261,6 +270,7 @@ static void none_row_out(const void *s, void *d, int64_t n) { (void)s, (void)d, 
                                 void *rstd, int threads) {                                           \
         /* one contiguous range of rows a thread: the worker is called through                       \
          * its run-time dispatch once a range, not once a row */                                     \
+        threads = ln_threads_for(threads, rows * n);                                                 \
         const int64_t parts = rows < threads ? rows : threads;                                       \
         int failed = 0;                                                                              \
         _Pragma("omp parallel for schedule(static) num_threads(threads) reduction(|: failed)")      \
@@ -284,6 +294,8 @@ static void none_row_out(const void *s, void *d, int64_t n) { (void)s, (void)d, 
                                 void *dx, int64_t dxs, void *dw, void *db, void *part,               \
                                 int threads) {                                                       \
         int failed = 0;                                                                              \
+        /* the chunks below are fixed; only how many threads share them varies */                   \
+        threads = ln_threads_for(threads, 2 * rows * n);                                             \
         if (!dw && !db) {                                                                            \
             const int64_t parts = rows < threads ? rows : threads;                                   \
             _Pragma("omp parallel for schedule(static) num_threads(threads) reduction(|: failed)")  \
