@@ -157,5 +157,6 @@ OPSMITH_API void opsmith_store_from_double(opsmith_dtype dtype, void *base, int6
 /* The ops, one header each (one line per op). */
 #include "opsmith/rms_norm.h"
 #include "opsmith/glu.h"
+#include "opsmith/layer_norm.h"
 
 #endif /* OPSMITH_H */

@@ -27,6 +27,8 @@ __device__ __forceinline__ float to_acc(__nv_bfloat16 v) { return __bfloat162flo
 
 template <typename T> __device__ __forceinline__ T from_acc(double v);
 template <> __device__ __forceinline__ double from_acc<double>(double v) { return v; }
+/* a float tensor beside float64 sums (layer_norm's float32 weight with float64 x) */
+template <> __device__ __forceinline__ float from_acc<float>(double v) { return (float)v; }
 template <typename T> __device__ __forceinline__ T from_acc(float v);
 template <> __device__ __forceinline__ float from_acc<float>(float v) { return v; }
 template <> __device__ __forceinline__ __half from_acc<__half>(float v) { return __float2half_rn(v); }

@@ -14,6 +14,7 @@ from typing import Dict, List
 OP_MODULES = (
     "rms_norm",
     "glu",
+    "layer_norm",
 )
 
 _KINDS = ("FUNCTIONS", "MODULES", "PYBIND")

@@ -1,0 +1,532 @@
+/* LayerNorm on CUDA.
+ * x, dy are (rows, n) addressed through a row stride; y, dx are (rows, n)
+ * with their own row stride; weight, bias, dweight, dbias are (n) in W (the
+ * storage type of x, or float); mean and rstd are (rows) in A (double for
+ * f64 x, float otherwise).
+ *
+ * Two kernel families, chosen per call (fwd_launch, bwd_launch), built from
+ * the row machinery rms_norm uses (rows.cuh, launch_plan.cuh,
+ * partial_sums.cuh):
+ * - resident: packed rows held in registers, one block a row, so x (and
+ *   dy) are read once; the mean and the variance both come from the
+ *   registers (two passes over them: the variance is the mean of squared
+ *   deviations, not E[x^2] - E[x]^2);
+ * - generic: a row group (a warp for short rows, the block for long ones)
+ *   owns a row and reads it again for each pass; any stride, alignment or
+ *   width (16-byte packs where every pointer, stride and n allow it).
+ * dweight and dbias are reduced without float atomics, so deterministically:
+ * each block (row group) sums its rows into its own workspace rows with a
+ * fixed column-to-thread map, then fixed-order column sums add the rows. */
+#include "internal/layer_norm.h"
+#include "launch_plan.cuh"
+#include "partial_sums.cuh"
+#include "rows.cuh"
+
+namespace opsmith {
+namespace {
+
+/* S consecutive elements of W at p (S-aligned) as A: with 16-byte (or
+ * 8-byte) loads when PACKED, one element at a time otherwise. A float
+ * weight beside 16-bit x spans two packs per x pack. */
+template <typename W, typename A, int S, bool PACKED>
+__device__ __forceinline__ void load_param(const W *p, A (&out)[S]) {
+    constexpr int BYTES = S * (int)sizeof(W);
+    if constexpr (PACKED && BYTES % 16 == 0) {
+        constexpr int V = Pack<W>::VEC;
+#pragma unroll
+        for (int q = 0; q < S / V; q++) {
+            const Pack<W> pk = load_pack(p + q * V);
+#pragma unroll
+            for (int k = 0; k < V; k++) out[q * V + k] = (A)to_acc(pk.v[k]);
+        }
+    } else if constexpr (PACKED && BYTES == 8) {
+        const uint2 u = __ldg(reinterpret_cast<const uint2 *>(p));
+        const W *v = reinterpret_cast<const W *>(&u);
+#pragma unroll
+        for (int k = 0; k < S; k++) out[k] = (A)to_acc(v[k]);
+    } else {
+#pragma unroll
+        for (int k = 0; k < S; k++) out[k] = (A)to_acc(p[k]);
+    }
+}
+
+/* Two sums over the block in one round of barriers; scratch holds 64. */
+template <typename A> __device__ __forceinline__ void block_sum2(A &a, A &b, A *scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int warps = (blockDim.x + 31) >> 5;
+    a = warp_sum(a);
+    b = warp_sum(b);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = a, scratch[32 + warp] = b;
+    __syncthreads();
+    a = warp_sum(lane < warps ? scratch[lane] : A(0));
+    b = warp_sum(lane < warps ? scratch[32 + lane] : A(0));
+}
+
+template <bool WARP_ROWS, typename A> __device__ __forceinline__ void group_sum2(A &a, A &b, A *scratch) {
+    if constexpr (WARP_ROWS) a = warp_sum(a), b = warp_sum(b);
+    else block_sum2(a, b, scratch);
+}
+
+/* --- generic kernels ------------------------------------------------------ */
+
+template <typename T, typename W, typename A, bool PACKED, bool WARP_ROWS>
+__global__ void layer_norm_fwd_kernel(int64_t rows, int64_t n, const T *__restrict__ x, int64_t xs,
+                                      const W *__restrict__ w, const W *__restrict__ b, A eps, T *__restrict__ y,
+                                      int64_t ys, A *__restrict__ mean, A *__restrict__ rstd) {
+    constexpr int S = Step<T, PACKED>::N;
+    __shared__ A scratch[64];
+    const RowGroup<WARP_ROWS> g;
+    const int64_t steps = n / S;
+    for (int64_t r = g.first_row(); r < rows; r += g.row_step()) {
+        const T *xr = x + r * xs;
+        A sum = 0;
+        OPSMITH_UNROLL_4
+        for (int64_t i = g.t; i < steps; i += g.threads) {
+            A v[S];
+            load_acc<T, A, PACKED>(xr + i * S, v);
+#pragma unroll
+            for (int k = 0; k < S; k++) sum += v[k];
+        }
+        A unused = 0;
+        group_sum2<WARP_ROWS>(sum, unused, scratch);
+        const A mu = sum / (A)n;
+        A sq = 0;
+        OPSMITH_UNROLL_4
+        for (int64_t i = g.t; i < steps; i += g.threads) {
+            A v[S];
+            load_acc<T, A, PACKED>(xr + i * S, v);
+#pragma unroll
+            for (int k = 0; k < S; k++) sq += (v[k] - mu) * (v[k] - mu);
+        }
+        unused = 0;
+        group_sum2<WARP_ROWS>(sq, unused, scratch);
+        const A rs = rsqrt_acc(sq / (A)n + eps);
+        if (g.t == 0) mean[r] = mu, rstd[r] = rs;
+        OPSMITH_UNROLL_4
+        for (int64_t i = g.t; i < steps; i += g.threads) {
+            A v[S], wv[S], bv[S];
+            load_acc<T, A, PACKED>(xr + i * S, v);
+            if (w) load_param<W, A, S, PACKED>(w + i * S, wv);
+            if (b) load_param<W, A, S, PACKED>(b + i * S, bv);
+#pragma unroll
+            for (int k = 0; k < S; k++) v[k] = (v[k] - mu) * rs * (w ? wv[k] : A(1)) + (b ? bv[k] : A(0));
+            store_acc<T, A, PACKED>(y + r * ys + i * S, v);
+        }
+    }
+}
+
+/* dx for the row group's rows; when partial is non-NULL, also its dweight
+ * and dbias partial sums: partial is (2, parts, n), row group p's at rows p
+ * and parts + p. */
+template <typename T, typename W, typename A, bool PACKED, bool WARP_ROWS>
+__global__ void layer_norm_bwd_kernel(int64_t rows, int64_t n, const T *__restrict__ dy, int64_t dys,
+                                      const T *__restrict__ x, int64_t xs, const W *__restrict__ w,
+                                      const A *__restrict__ mean, const A *__restrict__ rstd, T *__restrict__ dx,
+                                      int64_t dxs, A *__restrict__ partial, int64_t parts) {
+    constexpr int S = Step<T, PACKED>::N;
+    __shared__ A scratch[64];
+    const RowGroup<WARP_ROWS> g;
+    const int64_t steps = n / S;
+    A *pw = partial ? partial + g.first_row() * n : nullptr;
+    A *pb = partial ? partial + (parts + g.first_row()) * n : nullptr;
+    bool first = true;
+    for (int64_t r = g.first_row(); r < rows; r += g.row_step()) {
+        const T *xr = x + r * xs, *dyr = dy + r * dys;
+        const A mu = mean[r], rs = rstd[r];
+        A sg = 0, sgx = 0;
+        OPSMITH_UNROLL_4
+        for (int64_t i = g.t; i < steps; i += g.threads) {
+            A xv[S], gv[S], wv[S];
+            load_acc<T, A, PACKED>(xr + i * S, xv);
+            load_acc<T, A, PACKED>(dyr + i * S, gv);
+            if (w) load_param<W, A, S, PACKED>(w + i * S, wv);
+#pragma unroll
+            for (int k = 0; k < S; k++) {
+                const A gk = w ? gv[k] * wv[k] : gv[k];
+                sg += gk;
+                sgx += gk * (xv[k] - mu);
+            }
+        }
+        group_sum2<WARP_ROWS>(sg, sgx, scratch);
+        const A mg = sg / (A)n, mgx = sgx * rs / (A)n;
+        OPSMITH_UNROLL_4
+        for (int64_t i = g.t; i < steps; i += g.threads) {
+            A xv[S], dv[S], wv[S], out[S];
+            load_acc<T, A, PACKED>(xr + i * S, xv);
+            load_acc<T, A, PACKED>(dyr + i * S, dv);
+            if (w) load_param<W, A, S, PACKED>(w + i * S, wv);
+#pragma unroll
+            for (int k = 0; k < S; k++) {
+                const A xh = (xv[k] - mu) * rs;
+                out[k] = rs * ((w ? dv[k] * wv[k] : dv[k]) - mg - xh * mgx);
+                if (pw) {
+                    /* only this thread ever touches these columns of its rows */
+                    pw[i * S + k] = first ? dv[k] * xh : pw[i * S + k] + dv[k] * xh;
+                    pb[i * S + k] = first ? dv[k] : pb[i * S + k] + dv[k];
+                }
+            }
+            store_acc<T, A, PACKED>(dx + r * dxs + i * S, out);
+        }
+        first = false;
+    }
+    if (pw && first)
+        /* no row for this group: its partial rows must still read as zero */
+        for (int64_t i = g.t; i < n; i += g.threads) pw[i] = 0, pb[i] = 0;
+}
+
+/* --- register-resident kernels ------------------------------------------- */
+
+template <typename T, typename W, typename A, int ITERS>
+__global__ void __launch_bounds__(kResidentThreads)
+layer_norm_fwd_resident_kernel(int64_t rows, int64_t n, const T *__restrict__ x, int64_t xs,
+                               const W *__restrict__ w, const W *__restrict__ b, A eps, T *__restrict__ y,
+                               int64_t ys, A *__restrict__ mean, A *__restrict__ rstd) {
+    constexpr int S = Pack<T>::VEC;
+    __shared__ A scratch[64];
+    const int64_t steps = n / S;
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        const T *xr = x + r * xs;
+        Pack<T> xp[ITERS];
+        A sum = 0;
+        for_my_packs<ITERS>(steps, [&](int it, int64_t i) { xp[it] = load_pack(xr + i * S); });
+        for_my_packs<ITERS>(steps, [&](int it, int64_t) {
+#pragma unroll
+            for (int k = 0; k < S; k++) sum += to_acc(xp[it].v[k]);
+        });
+        A unused = 0;
+        block_sum2(sum, unused, scratch);
+        const A mu = sum / (A)n;
+        /* the second pass, over the same registers */
+        A sq = 0;
+        for_my_packs<ITERS>(steps, [&](int it, int64_t) {
+#pragma unroll
+            for (int k = 0; k < S; k++) {
+                const A d = to_acc(xp[it].v[k]) - mu;
+                sq += d * d;
+            }
+        });
+        unused = 0;
+        block_sum2(sq, unused, scratch);
+        const A rs = rsqrt_acc(sq / (A)n + eps);
+        if (threadIdx.x == 0) mean[r] = mu, rstd[r] = rs;
+        for_my_packs<ITERS>(steps, [&](int it, int64_t i) {
+            /* the weight and bias are L1/L2 hits from the second row on */
+            opaque(xp[it]);
+            A wv[S], bv[S];
+            if (w) load_param<W, A, S, true>(w + i * S, wv);
+            if (b) load_param<W, A, S, true>(b + i * S, bv);
+            Pack<T> out;
+#pragma unroll
+            for (int k = 0; k < S; k++)
+                out.v[k] = from_acc<T>((to_acc(xp[it].v[k]) - mu) * rs * (w ? wv[k] : A(1)) + (b ? bv[k] : A(0)));
+            store_pack(y + r * ys + i * S, out);
+        });
+    }
+}
+
+/* partial is (2, gridDim.x, n): block p's dweight and dbias sums over its
+ * rows, rows p and gridDim.x + p. The block keeps both sums in dynamic
+ * shared memory (2n values of A, column i*S+k at k*steps+i so a warp's
+ * accesses hit distinct banks); each thread owns its columns there, so no
+ * barrier guards them, and registers stay free for the row's packs. */
+template <typename T, typename W, typename A, int ITERS>
+__global__ void __launch_bounds__(kResidentThreads)
+layer_norm_bwd_resident_kernel(int64_t rows, int64_t n, const T *__restrict__ dy, int64_t dys,
+                               const T *__restrict__ x, int64_t xs, const W *__restrict__ w,
+                               const A *__restrict__ mean, const A *__restrict__ rstd, T *__restrict__ dx,
+                               int64_t dxs, A *__restrict__ partial, int64_t parts) {
+    constexpr int S = Pack<T>::VEC;
+    extern __shared__ __align__(16) unsigned char dynamic_smem[];
+    A *const dw_sum = reinterpret_cast<A *>(dynamic_smem);
+    A *const db_sum = dw_sum + n;
+    __shared__ A scratch[64];
+    const int64_t steps = n / S;
+    if (partial)
+        for_my_packs<ITERS>(steps, [&](int, int64_t i) {
+#pragma unroll
+            for (int k = 0; k < S; k++) dw_sum[k * steps + i] = 0, db_sum[k * steps + i] = 0;
+        });
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        const T *xr = x + r * xs, *dyr = dy + r * dys;
+        Pack<T> xp[ITERS], dp[ITERS];
+        const A mu = mean[r], rs = rstd[r];
+        for_my_packs<ITERS>(steps, [&](int it, int64_t i) {
+            xp[it] = load_pack(xr + i * S);
+            dp[it] = load_pack(dyr + i * S);
+        });
+        A sg = 0, sgx = 0;
+        for_my_packs<ITERS>(steps, [&](int it, int64_t i) {
+            A wv[S];
+            if (w) load_param<W, A, S, true>(w + i * S, wv);
+#pragma unroll
+            for (int k = 0; k < S; k++) {
+                const A gk = w ? to_acc(dp[it].v[k]) * wv[k] : (A)to_acc(dp[it].v[k]);
+                sg += gk;
+                sgx += gk * (to_acc(xp[it].v[k]) - mu);
+            }
+        });
+        block_sum2(sg, sgx, scratch);
+        const A mg = sg / (A)n, mgx = sgx * rs / (A)n;
+        for_my_packs<ITERS>(steps, [&](int it, int64_t i) {
+            opaque(xp[it]);
+            opaque(dp[it]);
+            A wv[S];
+            if (w) load_param<W, A, S, true>(w + i * S, wv);
+            Pack<T> out;
+#pragma unroll
+            for (int k = 0; k < S; k++) {
+                const A d = to_acc(dp[it].v[k]), xh = (to_acc(xp[it].v[k]) - mu) * rs;
+                out.v[k] = from_acc<T>(rs * ((w ? d * wv[k] : d) - mg - xh * mgx));
+                if (partial) dw_sum[k * steps + i] += d * xh, db_sum[k * steps + i] += d;
+            }
+            store_pack(dx + r * dxs + i * S, out);
+        });
+    }
+    if (partial) {
+        A *pw = partial + (int64_t)blockIdx.x * n, *pb = partial + (parts + blockIdx.x) * n;
+        for_my_packs<ITERS>(steps, [&](int, int64_t i) {
+#pragma unroll
+            for (int k = 0; k < S; k++) pw[i * S + k] = dw_sum[k * steps + i], pb[i * S + k] = db_sum[k * steps + i];
+        });
+    }
+}
+
+/* --- plans ------------------------------------------------------------------ */
+
+/* Row groups the generic backward uses when it reduces dweight and dbias:
+ * bounded so the workspace stays small (2 x 2^22 partial elements). */
+int64_t bwd_max_groups(int64_t rows, int64_t n) {
+    int64_t cap = ((int64_t)1 << 22) / n;
+    if (cap < 32) cap = 32;
+    if (cap > 512) cap = 512;
+    return rows < cap ? rows : cap;
+}
+
+constexpr int kFwdMinThreads = 64, kBwdMinThreads = 128;
+
+template <typename T, typename W, typename A> using FwdKernel =
+    void (*)(int64_t, int64_t, const T *, int64_t, const W *, const W *, A, T *, int64_t, A *, A *);
+template <typename T, typename W, typename A> using BwdKernel =
+    void (*)(int64_t, int64_t, const T *, int64_t, const T *, int64_t, const W *, const A *, const A *, T *, int64_t,
+             A *, int64_t);
+
+template <typename T, typename W, typename A> FwdKernel<T, W, A> fwd_resident_kernel(int iters) {
+    switch (iters) {
+    case 1: return layer_norm_fwd_resident_kernel<T, W, A, 1>;
+    case 2: return layer_norm_fwd_resident_kernel<T, W, A, 2>;
+    case 4: return layer_norm_fwd_resident_kernel<T, W, A, 4>;
+    default: return layer_norm_fwd_resident_kernel<T, W, A, 8>;
+    }
+}
+
+template <typename T, typename W, typename A> BwdKernel<T, W, A> bwd_resident_kernel(int iters) {
+    switch (iters) {
+    case 1: return layer_norm_bwd_resident_kernel<T, W, A, 1>;
+    case 2: return layer_norm_bwd_resident_kernel<T, W, A, 2>;
+    case 4: return layer_norm_bwd_resident_kernel<T, W, A, 4>;
+    default: return layer_norm_bwd_resident_kernel<T, W, A, 8>;
+    }
+}
+
+const Launch kGeneric{nullptr, 0, 0, 0, 0, "generic"};
+
+/* Forward plan for packed rows, as rms_norm's: a short batch (no more rows
+ * than SMs) the latency plan (widest block, fewest packs a thread), many
+ * rows the throughput plan up to 4 packs a thread; grid == 0: generic. */
+template <typename T, typename W, typename A> Launch fwd_launch(int64_t rows, int64_t n) {
+    const int64_t vec = Pack<T>::VEC;
+    if (n % vec != 0) return kGeneric;
+    const bool latency = rows <= sm_count();
+    const Resident res = resident_plan(n / vec, kFwdMinThreads, latency, latency ? kResidentIters : 4);
+    if (!res.iters) return kGeneric;
+    const int64_t grid = rows < kMaxGrid ? rows : kMaxGrid;
+    return Launch{reinterpret_cast<const void *>(fwd_resident_kernel<T, W, A>(res.iters)), res.threads, 1, 0, grid,
+                  "resident"};
+}
+
+/* Backward plan for packed rows: the resident kernel with as many blocks as
+ * fit at once (its shared memory holds 2n sums); grid == 0: generic. */
+template <typename T, typename W, typename A> Launch bwd_launch(int64_t rows, int64_t n, bool with_sums) {
+    const int64_t vec = Pack<T>::VEC;
+    if (n % vec != 0) return kGeneric;
+    const Resident plan = resident_plan(n / vec, kBwdMinThreads, rows <= sm_count(), kResidentIters);
+    if (!plan.iters) return kGeneric;
+    Launch l{reinterpret_cast<const void *>(bwd_resident_kernel<T, W, A>(plan.iters)), plan.threads, 1,
+             with_sums ? 2 * (size_t)n * sizeof(A) : 0, 0, "resident"};
+    l = fit_grid(l, rows);
+    if (!l.grid) l.family = "generic";
+    return l;
+}
+
+template <typename T, typename W>
+bool packed_ok(int64_t n, std::initializer_list<int64_t> strides, std::initializer_list<const void *> ptrs) {
+    const int vec = Pack<T>::VEC;
+    if (n % vec != 0) return false;
+    for (int64_t s : strides)
+        if (s % vec != 0) return false;
+    for (const void *p : ptrs)
+        if (p && !aligned16(p)) return false;
+    return true;
+}
+
+template <typename T, typename W, typename A>
+opsmith_status fwd(int64_t rows, int64_t n, const void *x, int64_t xs, const void *w, const void *b, double eps,
+                   void *y, int64_t ys, void *mean, void *rstd, cudaStream_t stream) {
+    const bool packed = packed_ok<T, W>(n, {xs, ys}, {x, y, w, b});
+    const T *xp = static_cast<const T *>(x);
+    const W *wp = static_cast<const W *>(w), *bp = static_cast<const W *>(b);
+    T *yp = static_cast<T *>(y);
+    A *mp = static_cast<A *>(mean), *rp = static_cast<A *>(rstd);
+    const Launch l = packed ? fwd_launch<T, W, A>(rows, n) : kGeneric;
+    if (l.grid) {
+        launch<FwdKernel<T, W, A>>(l, stream, rows, n, xp, xs, wp, bp, (A)eps, yp, ys, mp, rp);
+        return launch_status();
+    }
+    const Shape s = choose_shape(rows, n, packed ? Pack<T>::VEC : 1, kMaxGrid);
+#define OPSMITH_LN_FWD(P, WR)                                                                                  \
+    layer_norm_fwd_kernel<T, W, A, P, WR><<<(unsigned)s.grid, s.threads, 0, stream>>>(rows, n, xp, xs, wp, bp, \
+                                                                                      (A)eps, yp, ys, mp, rp)
+    if (packed) { if (s.warp_rows) OPSMITH_LN_FWD(true, true); else OPSMITH_LN_FWD(true, false); }
+    else { if (s.warp_rows) OPSMITH_LN_FWD(false, true); else OPSMITH_LN_FWD(false, false); }
+#undef OPSMITH_LN_FWD
+    return launch_status();
+}
+
+/* Partial rows the backward may write per gradient (the most any of its
+ * plans writes). */
+template <typename T, typename W, typename A> int64_t bwd_parts(int64_t rows, int64_t n) {
+    const Shape a = choose_shape(rows, n, Pack<T>::VEC, bwd_max_groups(rows, n));
+    const Shape b = choose_shape(rows, n, 1, bwd_max_groups(rows, n));
+    int64_t parts = a.groups > b.groups ? a.groups : b.groups;
+    const Launch l = bwd_launch<T, W, A>(rows, n, true);
+    if (l.grid > parts) parts = l.grid;
+    return parts;
+}
+
+template <typename T, typename W, typename A>
+opsmith_status bwd(int64_t rows, int64_t n, const void *dy, int64_t dys, const void *x, int64_t xs, const void *w,
+                   const void *mean, const void *rstd, void *dx, int64_t dxs, void *dw, void *db, void *workspace,
+                   cudaStream_t stream) {
+    const bool packed = packed_ok<T, W>(n, {xs, dys, dxs}, {x, dy, dx, w});
+    const T *dyp = static_cast<const T *>(dy), *xp = static_cast<const T *>(x);
+    const W *wp = static_cast<const W *>(w);
+    const A *mp = static_cast<const A *>(mean), *rp = static_cast<const A *>(rstd);
+    T *dxp = static_cast<T *>(dx);
+    const bool sums = dw || db;
+    A *partial = sums ? static_cast<A *>(workspace) : nullptr;
+    /* the workspace's layout is fixed by the size query's plan count */
+    const int64_t cap = sums ? bwd_parts<T, W, A>(rows, n) : 0;
+    int64_t parts;
+    const Launch l = packed ? bwd_launch<T, W, A>(rows, n, sums) : kGeneric;
+    if (l.grid) {
+        parts = l.grid;
+        launch<BwdKernel<T, W, A>>(l, stream, rows, n, dyp, dys, xp, xs, wp, mp, rp, dxp, dxs, partial, cap);
+    } else {
+        const Shape s = choose_shape(rows, n, packed ? Pack<T>::VEC : 1, bwd_max_groups(rows, n));
+        parts = s.groups;
+#define OPSMITH_LN_BWD(P, WR)                                                                       \
+    layer_norm_bwd_kernel<T, W, A, P, WR><<<(unsigned)s.grid, s.threads, 0, stream>>>(            \
+        rows, n, dyp, dys, xp, xs, wp, mp, rp, dxp, dxs, partial, cap)
+        if (packed) { if (s.warp_rows) OPSMITH_LN_BWD(true, true); else OPSMITH_LN_BWD(true, false); }
+        else { if (s.warp_rows) OPSMITH_LN_BWD(false, true); else OPSMITH_LN_BWD(false, false); }
+#undef OPSMITH_LN_BWD
+    }
+    opsmith_status st = launch_status();
+    if (st != OPSMITH_STATUS_SUCCESS || !sums) return st;
+    A *scratch = partial + 2 * cap * n;
+    if (dw) sum_partial_rows<W, A>(parts, n, partial, scratch, static_cast<W *>(dw), stream);
+    if (db) sum_partial_rows<W, A>(parts, n, partial + cap * n, scratch, static_cast<W *>(db), stream);
+    return launch_status();
+}
+
+/* Calls f(T{}, W{}, A{}) for a checked (x_dtype, weight_dtype) pair. */
+template <typename R, typename F> R dispatch_pair(opsmith_dtype xd, opsmith_dtype wd, R fallback, F f) {
+    const bool f32w = wd == OPSMITH_DTYPE_F32 && xd != OPSMITH_DTYPE_F32;
+    switch (xd) {
+    case OPSMITH_DTYPE_F64: return f32w ? f(double{}, float{}, double{}) : f(double{}, double{}, double{});
+    case OPSMITH_DTYPE_F32: return f(float{}, float{}, float{});
+    case OPSMITH_DTYPE_F16: return f32w ? f(__half{}, float{}, float{}) : f(__half{}, __half{}, float{});
+    case OPSMITH_DTYPE_BF16:
+        return f32w ? f(__nv_bfloat16{}, float{}, float{}) : f(__nv_bfloat16{}, __nv_bfloat16{}, float{});
+    default: return fallback;
+    }
+}
+
+} // namespace
+} // namespace opsmith
+
+using namespace opsmith;
+
+extern "C" opsmith_status opsmith_layer_norm_fwd_cuda(opsmith_dtype x_dtype, opsmith_dtype weight_dtype, int64_t rows,
+                                                      int64_t n, const void *x, int64_t x_row_stride,
+                                                      const void *weight, const void *bias, double eps, void *y,
+                                                      int64_t y_row_stride, void *mean, void *rstd,
+                                                      opsmith_cuda_stream stream) {
+    const opsmith_layer_norm_args a = {"layer_norm_fwd_cuda", 0, x_dtype, weight_dtype, rows, n, x, x_row_stride,
+                                       nullptr, 0, weight, bias, eps, y, y_row_stride, mean, rstd, nullptr, nullptr};
+    opsmith_status st = opsmith_internal_layer_norm_check(&a);
+    if (st != OPSMITH_STATUS_SUCCESS || rows == 0) return st;
+    return dispatch_pair(x_dtype, weight_dtype, OPSMITH_STATUS_UNSUPPORTED_DTYPE, [&](auto t, auto w, auto acc) {
+        return fwd<decltype(t), decltype(w), decltype(acc)>(rows, n, x, x_row_stride, weight, bias, eps, y,
+                                                            y_row_stride, mean, rstd, stream);
+    });
+}
+
+extern "C" const char *opsmith_internal_layer_norm_cuda_plan(opsmith_dtype x_dtype, opsmith_dtype weight_dtype,
+                                                             int64_t rows, int64_t n, int backward) {
+    Launch l = dispatch_pair(x_dtype, weight_dtype, kGeneric, [&](auto t, auto w, auto acc) {
+        using T = decltype(t);
+        using W = decltype(w);
+        using A = decltype(acc);
+        return backward ? bwd_launch<T, W, A>(rows, n, true) : fwd_launch<T, W, A>(rows, n);
+    });
+    return l.grid > 0 ? l.family : "generic";
+}
+
+extern "C" size_t opsmith_layer_norm_bwd_cuda_workspace_size(opsmith_dtype x_dtype, opsmith_dtype weight_dtype,
+                                                             int64_t rows, int64_t n, const void *dy,
+                                                             int64_t dy_row_stride, const void *x,
+                                                             int64_t x_row_stride, const void *weight,
+                                                             const void *mean, const void *rstd, void *dx,
+                                                             int64_t dx_row_stride, void *dweight, void *dbias) {
+    (void)dy, (void)dy_row_stride, (void)x, (void)x_row_stride, (void)mean, (void)rstd, (void)dx, (void)dx_row_stride;
+    if (!((weight && dweight) || dbias) || rows <= 0 || n <= 0) return 0;
+    if (weight_dtype != x_dtype && weight_dtype != OPSMITH_DTYPE_F32) return 0;
+    const int64_t parts = dispatch_pair(x_dtype, weight_dtype, (int64_t)0, [&](auto t, auto w, auto acc) {
+        return bwd_parts<decltype(t), decltype(w), decltype(acc)>(rows, n);
+    });
+    const int64_t total = 2 * parts + reduce_chunks(parts);
+    return (size_t)(total * n) * opsmith_dtype_size(opsmith_dtype_accumulate(x_dtype));
+}
+
+extern "C" opsmith_status opsmith_layer_norm_bwd_cuda(opsmith_dtype x_dtype, opsmith_dtype weight_dtype, int64_t rows,
+                                                      int64_t n, const void *dy, int64_t dy_row_stride, const void *x,
+                                                      int64_t x_row_stride, const void *weight, const void *mean,
+                                                      const void *rstd, void *dx, int64_t dx_row_stride,
+                                                      void *dweight, void *dbias, void *workspace,
+                                                      size_t workspace_bytes, opsmith_cuda_stream stream) {
+    static const char op[] = "layer_norm_bwd_cuda";
+    void *dw = weight ? dweight : nullptr;
+    const opsmith_layer_norm_args a = {op, 1, x_dtype, weight_dtype, rows, n, x, x_row_stride, dy, dy_row_stride,
+                                       weight, nullptr, 0.0, dx, dx_row_stride, mean, rstd, dw, dbias};
+    opsmith_status st = opsmith_internal_layer_norm_check(&a);
+    if (st != OPSMITH_STATUS_SUCCESS) return st;
+    if (rows == 0) {
+        /* no rows: the parameter gradients are empty sums */
+        const size_t bytes = (size_t)n * opsmith_dtype_size(weight_dtype);
+        if ((dw && cudaMemsetAsync(dw, 0, bytes, stream) != cudaSuccess) ||
+            (dbias && cudaMemsetAsync(dbias, 0, bytes, stream) != cudaSuccess))
+            return launch_status();
+        return OPSMITH_STATUS_SUCCESS;
+    }
+    st = opsmith_internal_check_workspace(
+        op, workspace, workspace_bytes,
+        opsmith_layer_norm_bwd_cuda_workspace_size(x_dtype, weight_dtype, rows, n, dy, dy_row_stride, x, x_row_stride,
+                                                   weight, mean, rstd, dx, dx_row_stride, dw, dbias));
+    if (st != OPSMITH_STATUS_SUCCESS) return st;
+    return dispatch_pair(x_dtype, weight_dtype, OPSMITH_STATUS_UNSUPPORTED_DTYPE, [&](auto t, auto w, auto acc) {
+        return bwd<decltype(t), decltype(w), decltype(acc)>(rows, n, dy, dy_row_stride, x, x_row_stride, weight, mean,
+                                                            rstd, dx, dx_row_stride, dw, dbias, workspace, stream);
+    });
+}

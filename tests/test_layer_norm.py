@@ -1,0 +1,201 @@
+"""What only layer_norm has (the spec-driven harnesses cover the rest):
+nn.LayerNorm's drop-in compatibility with torch.nn.LayerNorm, mixed
+activation/parameter dtypes, autocast, the two-pass variance."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import opsmith
+import opsmith.pybind
+
+CUDA = torch.cuda.is_available()
+needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+DEVICES = ["cpu"] + (["cuda"] if CUDA else [])
+ROUTES = {"route_b": opsmith.layer_norm, "route_a": opsmith.pybind.layer_norm}
+TOL = {torch.float64: 1e-10, torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+
+def _inputs(shape, xd, wd, device, seed=0, affine=(True, True)):
+    g = torch.Generator().manual_seed(seed)
+    n = shape[-1]
+    x = (torch.randn(shape, generator=g) + 0.5).to(device=device, dtype=xd)
+    w = torch.randn(n, generator=g).to(device=device, dtype=wd) if affine[0] else None
+    b = torch.randn(n, generator=g).to(device=device, dtype=wd) if affine[1] else None
+    dy = torch.randn(shape, generator=g).to(device=device, dtype=xd)
+    return x, w, b, dy
+
+
+def _grads(fn, x, w, b, dy):
+    leaves = [t.detach().requires_grad_() if t is not None else None for t in (x, w, b)]
+    y = fn(*leaves, 1e-5)
+    want = [t for t in leaves if t is not None]
+    return y, dict(zip([k for k, t in zip("xwb", leaves) if t is not None], torch.autograd.grad(y, want, dy)))
+
+
+def _close(got, ref, tol, what):
+    err = (got.double() - ref).abs().max().item()
+    bound = tol * max(1.0, ref.abs().max().item())
+    assert err <= bound, f"{what}: max|err| {err:.3e} > {bound:.3e}"
+
+
+# --- the module --------------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs", [{}, {"bias": False}, {"elementwise_affine": False}, {"eps": 1e-3}])
+def test_module_state_dict_matches_torch(kwargs):
+    ours, theirs = opsmith.nn.LayerNorm(64, **kwargs), torch.nn.LayerNorm(64, **kwargs)
+    assert list(ours.state_dict()) == list(theirs.state_dict())
+    with torch.no_grad():
+        for p in theirs.parameters():
+            p.copy_(torch.randn_like(p))
+    ours.load_state_dict(theirs.state_dict())  # strict: same keys, same shapes
+    assert ours.eps == theirs.eps and ours.normalized_shape == theirs.normalized_shape
+    x = torch.randn(3, 5, 64) + 1
+    torch.testing.assert_close(ours(x), theirs(x), rtol=1e-5, atol=1e-5)
+    assert theirs.load_state_dict(ours.state_dict()) is not None
+    assert repr(ours).endswith(repr(theirs)[len("LayerNorm"):])
+
+
+def test_module_defaults_and_multi_dim_shape():
+    m = opsmith.nn.LayerNorm((4, 8))
+    t = torch.nn.LayerNorm((4, 8))
+    assert torch.equal(m.weight, torch.ones(4, 8)) and torch.equal(m.bias, torch.zeros(4, 8))
+    with torch.no_grad():
+        t.weight.normal_(), t.bias.normal_()
+    m.load_state_dict(t.state_dict())
+    x = torch.randn(2, 3, 4, 8, requires_grad=True)
+    y, yt = m(x), t(x)
+    torch.testing.assert_close(y, yt, rtol=1e-5, atol=1e-5)
+    dy = torch.randn_like(y)
+    for a, b in zip(torch.autograd.grad(y, [x, m.weight, m.bias], dy),
+                    torch.autograd.grad(yt, [x, t.weight, t.bias], dy)):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    with pytest.raises(RuntimeError, match=r"LayerNorm: expected input with shape \[\*, 4, 8\]"):
+        m(torch.randn(2, 8, 4))
+
+
+def test_module_dtype_and_device_arguments():
+    m = opsmith.nn.LayerNorm(16, dtype=torch.float64)
+    assert m.weight.dtype == torch.float64 and m.bias.dtype == torch.float64
+    assert opsmith.nn.LayerNorm(16, bias=False).bias is None
+
+
+# --- mixed dtypes ------------------------------------------------------------------
+
+PAIRS = [(torch.bfloat16, torch.float32), (torch.float16, torch.float32),
+         (torch.bfloat16, torch.bfloat16), (torch.float32, torch.float32)]
+
+
+@pytest.mark.parametrize("route", ROUTES)
+@pytest.mark.parametrize("xd,wd", PAIRS, ids=lambda d: str(d).replace("torch.", ""))
+def test_output_dtypes_match_torch(xd, wd, route):
+    x, w, b, dy = _inputs((6, 40), xd, wd, "cpu")
+    y, grads = _grads(ROUTES[route], x, w, b, dy)
+    yt, gt = _grads(lambda x, w, b, eps: F.layer_norm(x, (40,), w, b, eps), x, w, b, dy)
+    assert y.dtype == yt.dtype == xd
+    for k in "xwb":
+        assert grads[k].dtype == gt[k].dtype, f"d{k}: {grads[k].dtype} vs torch {gt[k].dtype}"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("affine", [(True, True), (True, False), (False, True)], ids=["w+b", "w", "b"])
+@pytest.mark.parametrize("xd,wd", [(torch.bfloat16, torch.float32), (torch.float16, torch.float32),
+                                   (torch.float64, torch.float32)], ids=["bf16-f32", "f16-f32", "f64-f32"])
+@pytest.mark.parametrize("n", [8, 769, 4096])
+def test_mixed_dtypes(xd, wd, affine, device, n):
+    """Forward and gradients of a mixed pair against float64 F.layer_norm on
+    the same (rounded) values; parameter gradients in the parameters' dtype."""
+    x, w, b, dy = _inputs((33, n), xd, wd, device, seed=n, affine=affine)
+    for route, fn in ROUTES.items():
+        y, grads = _grads(fn, x, w, b, dy)
+        ref, rgrads = _grads(lambda x, w, b, eps: F.layer_norm(x, (n,), w, b, eps),
+                             *[None if t is None else t.double() for t in (x, w, b, dy)])
+        tol = max(TOL[xd], TOL[wd])
+        assert y.dtype == xd
+        _close(y, ref, tol, f"{route} y")
+        _close(grads["x"], rgrads["x"], tol, f"{route} dx")
+        for k in "wb":
+            if k in grads:
+                assert grads[k].dtype == wd
+                # a sum over rows of x-dtype products, kept in float32
+                _close(grads[k], rgrads[k], 4 * TOL[torch.float32] * 33, f"{route} d{k}")
+
+
+def test_float64_x_with_float32_weight():
+    # PyTorch refuses this pair on the CPU; opsmith takes it (output float64)
+    x, w, b, _ = _inputs((4, 16), torch.float64, torch.float32, "cpu")
+    y = opsmith.layer_norm(x, w, b)
+    assert y.dtype == torch.float64
+    _close(y, F.layer_norm(x, (16,), w.double(), b.double()), 1e-6, "y")
+
+
+@pytest.mark.parametrize("wd", [torch.float16, torch.float64])
+def test_unsupported_parameter_dtype_named(wd):
+    x, w, b, _ = _inputs((4, 16), torch.bfloat16, wd, "cpu")
+    with pytest.raises(RuntimeError, match=r"^layer_norm: weight must have the dtype of x \(BFloat16\) or float32"):
+        opsmith.layer_norm(x, w, b)
+    with pytest.raises(RuntimeError, match=r"^layer_norm: bias must have the dtype of x \(BFloat16\) or float32"):
+        opsmith.layer_norm(x, None, b)
+
+
+def test_bias_only_gradient_dtype():
+    x, _, b, dy = _inputs((4, 16), torch.bfloat16, torch.float32, "cpu", affine=(False, True))
+    y, grads = _grads(opsmith.layer_norm, x, None, b, dy)
+    assert grads["b"].dtype == torch.float32
+    _close(grads["b"], dy.double().sum(0), 1e-5 * 4, "dbias = sum of dy")
+
+
+# --- autocast ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("route", ROUTES)
+@pytest.mark.parametrize("xd", [torch.float32, torch.bfloat16])
+def test_autocast_cpu_matches_torch(xd, route):
+    # CPU autocast does not touch layer_norm: x's dtype comes out, as F.layer_norm's
+    x, w, b, _ = _inputs((4, 32), xd, torch.float32, "cpu")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = ROUTES[route](x, w, b)
+        yt = F.layer_norm(x, (32,), w, b)
+    assert y.dtype == yt.dtype
+
+
+@needs_cuda
+@pytest.mark.parametrize("route", ROUTES)
+@pytest.mark.parametrize("amp", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("xd,wd", [(torch.bfloat16, torch.float32), (torch.float16, torch.float16),
+                                   (torch.float32, torch.float32)], ids=["bf16-f32", "f16-f16", "f32-f32"])
+def test_autocast_cuda_matches_torch(xd, wd, amp, route):
+    # layer_norm is on CUDA autocast's float32 list: float32 out, gradients
+    # back to the inputs in their own dtypes
+    x, w, b, _ = _inputs((8, 64), xd, wd, "cuda")
+    leaves = [t.detach().requires_grad_() for t in (x, w, b)]
+    with torch.autocast("cuda", dtype=amp):
+        y = ROUTES[route](*leaves)
+        yt = F.layer_norm(x, (64,), w, b)
+    assert y.dtype == yt.dtype == torch.float32
+    _close(y, F.layer_norm(x.double(), (64,), w.double(), b.double()), TOL[xd], "y")
+    grads = torch.autograd.grad(y, leaves, torch.randn_like(y))
+    assert [g.dtype for g in grads] == [xd, wd, wd]
+
+
+@needs_cuda
+def test_autocast_cuda_under_compile():
+    x, w, b, _ = _inputs((8, 64), torch.bfloat16, torch.float32, "cuda")
+    fn = torch.compile(lambda x, w, b: opsmith.layer_norm(x, w, b), fullgraph=True)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        assert fn(x, w, b).dtype == torch.float32
+
+
+# --- the variance ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("n", [64, 4096])
+def test_variance_is_two_pass(device, n):
+    """Mean 300, spread 0.01: E[x^2] - E[x]^2 in float32 cancels to noise
+    (x^2 ~ 9e4 rounds by ~0.008, the variance is 1e-4); the mean of squared
+    deviations keeps it."""
+    g = torch.Generator().manual_seed(1)
+    x = (300 + 0.01 * torch.randn(16, n, generator=g)).float().to(device)
+    _, mean, rstd = torch.ops.opsmith.layer_norm_fwd(x, None, None, 0.0)
+    xd = x.double()
+    ref_rstd = 1 / xd.var(-1, unbiased=False).sqrt()
+    assert ((rstd.double() - ref_rstd).abs() / ref_rstd).max().item() < 1e-3
+    torch.testing.assert_close(mean.double(), xd.mean(-1), rtol=1e-6, atol=0)
