@@ -7,7 +7,7 @@ from typing import List, Optional, Tuple, Union
 
 import torch
 
-from .. import _library  # noqa: F401  (loads the library: torch.ops.opsmith.* exists after this)
+from .. import _library, _sharding  # noqa: F401  (loads the library: torch.ops.opsmith.* exists after this)
 
 _layer_norm_fwd = torch.ops.opsmith.layer_norm_fwd.default
 _layer_norm_bwd = torch.ops.opsmith.layer_norm_bwd.default
@@ -105,6 +105,13 @@ def _layer_norm_bwd_vmap(info, in_dims, dy, x, weight, bias, mean, rstd):
         return (dx, dw, db), (0, None, None)
     out = _loop(info.batch_size, in_dims, _layer_norm_bwd, (dy, x, weight, bias, mean, rstd))
     return out, (0, 0, 0)
+
+
+# --- tensor parallelism: DTensor sharding rules ------------------------------------
+# layer_norm_fwd(x, weight, bias, eps) -> (y, mean, rstd); layer_norm_bwd(dy, x,
+# weight, bias, mean, rstd) -> (dx, dweight, dbias)
+_sharding.row_local(_layer_norm_fwd, _layer_norm_bwd, fwd_tensor_args=3, fwd_outputs=3,
+                    bwd_row_args=(0, 1, 4, 5), bwd_param_args=(2, 3), bwd_outputs_row=1, bwd_outputs_param=2)
 
 
 # --- route A: pybind11 + torch.autograd.Function -------------------------------------
