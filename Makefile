@@ -192,8 +192,9 @@ NEW_OP_PYTHON := $(if $(filter yes,$(SYSTEM_TORCH)),$(PYTHON),$(CURDIR)/$(PYTHON
 new-op-check: build
 	@start=$$(date +%s); \
 	rm -rf $(NEW_OP_TREE) $(NEW_OP_OUT) && mkdir -p $(NEW_OP_TREE)/build && \
-	git ls-files -co --exclude-standard | while read -r f; do [ -f "$$f" ] && printf '%s\n' "$$f"; done | \
-	    tar cf - -T - | tar xf - -C $(NEW_OP_TREE) && \
+	{ git ls-files -co --exclude-standard 2>/dev/null || \
+	  find . \( -name build -o -name .venv -o -name .git -o -name __pycache__ \) -prune -o -type f ! -name '*.so' -print; } | \
+	    while read -r f; do [ -f "$$f" ] && printf '%s\n' "$$f"; done | tar cf - -T - | tar xf - -C $(NEW_OP_TREE) && \
 	cp -a build/csrc build/config-cuda* $(LIB) $(SO) $(NEW_OP_TREE)/build/ && cp -a opsmith/*.so $(NEW_OP_TREE)/opsmith/ && \
 	if [ -d .venv ]; then ln -s $(CURDIR)/.venv $(NEW_OP_TREE)/.venv; fi && \
 	touch -r $(NEW_OP_TREE)/include/opsmith.h $(NEW_OP_TREE)/build/new-op.ref && \
