@@ -14,8 +14,9 @@ op) and @ns@, @NS@ (C prefix, dispatcher namespace and Python package:
 opsmith in the tree, NS outside) filled in. Nothing is overwritten: when
 any file the op would write exists, nothing is written at all.
 
-This module imports neither torch nor the rest of the package, so the
-generator runs before anything is built."""
+This module imports neither torch nor the rest of the package: in a tree
+not built yet (where `import opsmith` fails), `python opsmith/new_op.py NAME`
+runs the same command."""
 import argparse
 import keyword
 import os
@@ -263,7 +264,11 @@ never overwritten: if any file the op would write exists, nothing is written."""
 
 
 def _parser():
-    from ._cli import Parser
+    if __package__:
+        from ._cli import Parser
+    else:  # run as a file (python opsmith/new_op.py): in a tree not built yet, `import opsmith` fails
+        sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+        from _cli import Parser
     p = Parser(prog="opsmith new-op", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("name", metavar="NAME", help="the op's name, e.g. scaled_silu (a lowercase C identifier)")
     p.add_argument("--root", metavar="DIR", help="the opsmith source tree to add the op to "

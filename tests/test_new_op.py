@@ -179,3 +179,16 @@ def test_templates_are_all_used_and_shipped():
     # setup.py's package_data pattern is templates/new_op/*/*.in
     assert all(len(pathlib.Path(t).parts) == 2 and t.endswith(".in") for t in present)
     assert '"templates/new_op/*/*.in"' in (ROOT / "setup.py").read_text()
+
+
+def test_runs_as_a_file_before_the_tree_is_built(tmp_path):
+    # `python opsmith/new_op.py` imports neither torch nor the package (whose
+    # import needs the built extensions)
+    script = ROOT / "opsmith" / "new_op.py"
+    p = subprocess.run([sys.executable, "-S", str(script), "Bad"], capture_output=True, text=True, cwd=tmp_path,
+                       timeout=60)
+    assert p.returncode == 2 and p.stderr.startswith("opsmith new-op: NAME 'Bad' is not a C identifier"), p.stderr
+    p = subprocess.run([sys.executable, "-S", str(script), "ok_op", "--out", "p", "--namespace", "okns", "-q"],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert (tmp_path / "p" / "okns" / "ops" / "ok_op.py").is_file()
