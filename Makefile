@@ -183,9 +183,11 @@ cmake-example: build
 # CUDA objects. The extensions are rebuilt whole (their ninja files name the
 # tree's absolute path). Then the op's C test group, its pytest file and the
 # spec-driven harnesses filtered to it. Out-of-tree: --out/--namespace into
-# build/new-op-standalone, built just in time by its own loader, its tests.
+# build/new-op-standalone, built just in time by its own loader (its CUDA C
+# for sm_90 alone: the in-tree build covers every arch), its tests.
 NEW_OP_NAME := generated_op
 NEW_OP_NS := generated_ops
+NEW_OP_NS_UPPER := $(shell echo $(NEW_OP_NS) | tr a-z A-Z)
 NEW_OP_TREE := build/new-op-tree
 NEW_OP_OUT := build/new-op-standalone
 NEW_OP_PYTHON := $(if $(filter yes,$(SYSTEM_TORCH)),$(PYTHON),$(CURDIR)/$(PYTHON))
@@ -195,7 +197,7 @@ new-op-check: build
 	{ git ls-files -co --exclude-standard 2>/dev/null || \
 	  find . \( -name build -o -name .venv -o -name .git -o -name __pycache__ \) -prune -o -type f ! -name '*.so' -print; } | \
 	    while read -r f; do [ -f "$$f" ] && printf '%s\n' "$$f"; done | tar cf - -T - | tar xf - -C $(NEW_OP_TREE) && \
-	cp -a build/csrc build/config-cuda* $(LIB) $(SO) $(NEW_OP_TREE)/build/ && cp -a opsmith/*.so $(NEW_OP_TREE)/opsmith/ && \
+	cp -a build/csrc $(wildcard build/tests) build/config-cuda* $(LIB) $(SO) $(NEW_OP_TREE)/build/ && cp -a opsmith/*.so $(NEW_OP_TREE)/opsmith/ && \
 	if [ -d .venv ]; then ln -s $(CURDIR)/.venv $(NEW_OP_TREE)/.venv; fi && \
 	touch -r $(NEW_OP_TREE)/include/opsmith.h $(NEW_OP_TREE)/build/new-op.ref && \
 	$(PYTHON) -m opsmith new-op $(NEW_OP_NAME) --root $(NEW_OP_TREE) -q && \
@@ -210,7 +212,7 @@ new-op-check: build
 	$(NEW_OP_PYTHON) -m pytest -q -p no:cacheprovider tests/test_reliability.py tests/test_integration.py -k $(NEW_OP_NAME) && \
 	cd $(CURDIR) && mid=$$(date +%s) && \
 	$(PYTHON) -m opsmith new-op $(NEW_OP_NAME) --out $(NEW_OP_OUT) --namespace $(NEW_OP_NS) -q && \
-	cd $(NEW_OP_OUT) && $(NEW_OP_PYTHON) -m pytest -q -p no:cacheprovider tests && \
+	cd $(NEW_OP_OUT) && $(NEW_OP_NS_UPPER)_CUDA_ARCH=90 $(NEW_OP_PYTHON) -m pytest -q -p no:cacheprovider tests && \
 	end=$$(date +%s) && \
 	echo "new-op-check: in-tree $$((mid - start)) s, out-of-tree $$((end - mid)) s"
 
