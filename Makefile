@@ -54,7 +54,7 @@ CONFIG := build/config-cuda$(WITH_CUDA)
 $(CONFIG):
 	@mkdir -p build && rm -f build/config-cuda* && touch $@
 
-.PHONY: build lib so ext kernel-bench ctest ctest-sanitize example check-exports install-check cmake-example pytest test demo bench clean env
+.PHONY: build lib so ext kernel-bench ctest ctest-sanitize example check-exports install-check cmake-example pytest new-op-check test demo bench clean env
 
 build: ext
 	@touch build/READY
@@ -173,7 +173,50 @@ cmake-example: build
 	cmake --build build/cmake -j$$(nproc)
 	./build/cmake/rms_norm_dispatcher build/cmake/libopsmith_ops.so
 
-test: ctest ctest-sanitize example check-exports install-check cmake-example pytest
+# --- `opsmith new-op`: the generated op builds and passes its tests ----------
+# In-tree: the tree (git's files) is copied to build/new-op-tree with this
+# build's products, timestamps kept; the op is generated there and built.
+# The two shared headers the generator touches (include/opsmith.h's new
+# #include line, the op's own headers) are given back the old timestamp:
+# they only declare the new op's functions, which no existing object uses,
+# and every new file includes them whole, so make compiles just the new C and
+# CUDA objects. The extensions are rebuilt whole (their ninja files name the
+# tree's absolute path). Then the op's C test group, its pytest file and the
+# spec-driven harnesses filtered to it. Out-of-tree: --out/--namespace into
+# build/new-op-standalone, built just in time by its own loader (its CUDA C
+# for sm_90 alone: the in-tree build covers every arch), its tests.
+NEW_OP_NAME := generated_op
+NEW_OP_NS := generated_ops
+NEW_OP_NS_UPPER := $(shell echo $(NEW_OP_NS) | tr a-z A-Z)
+NEW_OP_TREE := build/new-op-tree
+NEW_OP_OUT := build/new-op-standalone
+NEW_OP_PYTHON := $(if $(filter yes,$(SYSTEM_TORCH)),$(PYTHON),$(CURDIR)/$(PYTHON))
+new-op-check: build
+	@start=$$(date +%s); \
+	rm -rf $(NEW_OP_TREE) $(NEW_OP_OUT) && mkdir -p $(NEW_OP_TREE)/build && \
+	{ git ls-files -co --exclude-standard 2>/dev/null || \
+	  find . \( -name build -o -name .venv -o -name .git -o -name __pycache__ \) -prune -o -type f ! -name '*.so' -print; } | \
+	    while read -r f; do [ -f "$$f" ] && printf '%s\n' "$$f"; done | tar cf - -T - | tar xf - -C $(NEW_OP_TREE) && \
+	cp -a build/csrc $(wildcard build/tests) build/config-cuda* $(LIB) $(SO) $(NEW_OP_TREE)/build/ && cp -a opsmith/*.so $(NEW_OP_TREE)/opsmith/ && \
+	if [ -d .venv ]; then ln -s $(CURDIR)/.venv $(NEW_OP_TREE)/.venv; fi && \
+	touch -r $(NEW_OP_TREE)/include/opsmith.h $(NEW_OP_TREE)/build/new-op.ref && \
+	$(PYTHON) -m opsmith new-op $(NEW_OP_NAME) --root $(NEW_OP_TREE) -q && \
+	touch -r $(NEW_OP_TREE)/build/new-op.ref $(NEW_OP_TREE)/include/opsmith.h \
+	    $(NEW_OP_TREE)/include/opsmith/$(NEW_OP_NAME).h $(NEW_OP_TREE)/csrc/internal/$(NEW_OP_NAME).h && \
+	$(MAKE) -C $(NEW_OP_TREE) build build/test_c PY_ENV= NVCC=$(NVCC) && \
+	cd $(NEW_OP_TREE) && \
+	$(CC) -std=c11 -O2 -Wall -Wextra -Iinclude -Icsrc $(CUDA_TEST_FLAGS) tests/c/test_main.c tests/c/test_$(NEW_OP_NAME).c \
+	    build/libopsmith.a -fopenmp -lm -lstdc++ $(CUDA_LINK) -o build/test_c_$(NEW_OP_NAME) && \
+	OMP_NUM_THREADS=2 ./build/test_c_$(NEW_OP_NAME) && \
+	$(NEW_OP_PYTHON) -m pytest -q -p no:cacheprovider tests/test_$(NEW_OP_NAME).py && \
+	$(NEW_OP_PYTHON) -m pytest -q -p no:cacheprovider tests/test_reliability.py tests/test_integration.py -k $(NEW_OP_NAME) && \
+	cd $(CURDIR) && mid=$$(date +%s) && \
+	$(PYTHON) -m opsmith new-op $(NEW_OP_NAME) --out $(NEW_OP_OUT) --namespace $(NEW_OP_NS) -q && \
+	cd $(NEW_OP_OUT) && $(NEW_OP_NS_UPPER)_CUDA_ARCH=90 $(NEW_OP_PYTHON) -m pytest -q -p no:cacheprovider tests && \
+	end=$$(date +%s) && \
+	echo "new-op-check: in-tree $$((mid - start)) s, out-of-tree $$((end - mid)) s"
+
+test: ctest ctest-sanitize example check-exports install-check cmake-example pytest new-op-check
 
 demo: build
 	$(PYTHON) -m opsmith demo

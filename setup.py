@@ -153,6 +153,8 @@ class BuildPy(build_py):
 setup(
     version=version(),
     packages=find_packages(include=["opsmith", "opsmith.*"]),
+    # `opsmith new-op`'s templates (opsmith/templates/new_op/<group>/*.in)
+    package_data={"opsmith": ["templates/new_op/*/*.in"]},
     ext_modules=[
         Extension("opsmith._C", BRIDGE + ["csrc/torch/library.cpp"], **common(False)),
         Extension("opsmith._pybind", BRIDGE + ["csrc/torch/pybind.cpp"], **common(True)),

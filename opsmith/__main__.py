@@ -4,6 +4,7 @@
     opsmith demo [--device cpu|cuda|cuda:N]
     opsmith bench [--quick] [--ops ...] [--providers ...] ...
     opsmith doctor
+    opsmith new-op NAME [--out DIR --namespace NS]
 
 Bad arguments end in one line on stderr and exit status 2, never a traceback."""
 import sys
@@ -13,6 +14,8 @@ COMMANDS = {
     "bench": "the benchmark suite on a CUDA GPU (opsmith bench --help for its options)",
     "doctor": "what this machine has and what opsmith built: versions, GPU and its arch, the "
               "arches the library carries, which routes load, OpenMP threads, and how to fix what is wrong",
+    "new-op": "write a new operator NAME, a working elementwise op with its backward, into every layer "
+              "of this tree (or, with --out DIR --namespace NS, as a standalone project) for you to edit",
 }
 
 USAGE = "usage: opsmith [--help] [--version] {" + ",".join(COMMANDS) + "} ..."
@@ -50,6 +53,8 @@ def main(argv=None) -> int:
         from .demo import main as run
     elif command == "bench":
         from .bench import main as run
+    elif command == "new-op":
+        from .new_op import main as run
     else:
         from .doctor import main as run
     try:
