@@ -37,6 +37,19 @@ OPSMITH_INTERNAL opsmith_status opsmith_internal_check_workspace(const char *op,
 #ifdef __cplusplus
 }
 #endif
+/* Byte range [lo, hi) of a (rows, n) tensor with a row stride (rows >= 1),
+ * and whether two ranges overlap: the validators' aliasing checks. */
+typedef struct opsmith_span {
+    uintptr_t lo, hi;
+} opsmith_span;
+
+static inline opsmith_span opsmith_internal_span(const void *p, int64_t rows, int64_t n, int64_t stride, size_t size) {
+    opsmith_span s = {(uintptr_t)p, (uintptr_t)p + (size_t)((rows - 1) * stride + n) * size};
+    return s;
+}
+
+static inline int opsmith_internal_overlap(opsmith_span a, opsmith_span b) { return a.lo < b.hi && b.lo < a.hi; }
+
 /* Elements of work below which a CPU launcher stays on one thread, as
  * PyTorch's at::parallel_for grain: forking a team costs microseconds on an
  * idle machine and milliseconds on a loaded one, more than a small op. */

@@ -1,17 +1,6 @@
 /* LayerNorm argument validation, shared by the CPU and CUDA launchers. */
 #include "internal/layer_norm.h"
 
-/* Byte range [lo, hi) of a (rows, n) tensor with a row stride. */
-typedef struct ln_span {
-    uintptr_t lo, hi;
-} ln_span;
-
-static ln_span span_of(const void *p, int64_t rows, int64_t n, int64_t stride, size_t size) {
-    ln_span s = {(uintptr_t)p, (uintptr_t)p + (size_t)((rows - 1) * stride + n) * size};
-    return s;
-}
-
-static int overlap(ln_span a, ln_span b) { return a.lo < b.hi && b.lo < a.hi; }
 
 static int is_float(opsmith_dtype d) { return (unsigned)d < OPSMITH_DTYPE_COUNT && opsmith_dtype_is_float(d); }
 
@@ -66,21 +55,21 @@ opsmith_status opsmith_internal_layer_norm_check(const opsmith_layer_norm_args *
                                          ptrs[i].name, ptrs[i].p, ptrs[i].align);
     /* the output may be its one permitted input exactly (y = x forward,
      * dx = dy backward), and must be apart from every other tensor */
-    const ln_span o = span_of(a->out, rows, n, a->out_row_stride, xsz);
+    const opsmith_span o = opsmith_internal_span(a->out, rows, n, a->out_row_stride, xsz);
     const void *may_alias = a->backward ? dy : a->x;
     const int64_t alias_stride = a->backward ? a->dy_row_stride : a->x_row_stride;
-    const struct { const char *name; ln_span s; int present; } others[] = {
-        {"x", span_of(a->x, rows, n, a->x_row_stride, xsz), 1},
-        {"dy", dy ? span_of(dy, rows, n, a->dy_row_stride, xsz) : o, dy != NULL},
-        {"weight", a->weight ? span_of(a->weight, 1, n, n, wsz) : o, a->weight != NULL},
-        {"bias", bias ? span_of(bias, 1, n, n, wsz) : o, bias != NULL},
-        {"mean", span_of(a->mean, 1, rows, rows, acc), 1},
-        {"rstd", span_of(a->rstd, 1, rows, rows, acc), 1},
-        {"dweight", dweight ? span_of(dweight, 1, n, n, wsz) : o, dweight != NULL},
-        {"dbias", dbias ? span_of(dbias, 1, n, n, wsz) : o, dbias != NULL},
+    const struct { const char *name; opsmith_span s; int present; } others[] = {
+        {"x", opsmith_internal_span(a->x, rows, n, a->x_row_stride, xsz), 1},
+        {"dy", dy ? opsmith_internal_span(dy, rows, n, a->dy_row_stride, xsz) : o, dy != NULL},
+        {"weight", a->weight ? opsmith_internal_span(a->weight, 1, n, n, wsz) : o, a->weight != NULL},
+        {"bias", bias ? opsmith_internal_span(bias, 1, n, n, wsz) : o, bias != NULL},
+        {"mean", opsmith_internal_span(a->mean, 1, rows, rows, acc), 1},
+        {"rstd", opsmith_internal_span(a->rstd, 1, rows, rows, acc), 1},
+        {"dweight", dweight ? opsmith_internal_span(dweight, 1, n, n, wsz) : o, dweight != NULL},
+        {"dbias", dbias ? opsmith_internal_span(dbias, 1, n, n, wsz) : o, dbias != NULL},
     };
     for (size_t i = 0; i < sizeof others / sizeof others[0]; i++) {
-        if (!others[i].present || !overlap(o, others[i].s)) continue;
+        if (!others[i].present || !opsmith_internal_overlap(o, others[i].s)) continue;
         const int exact = (uintptr_t)may_alias == others[i].s.lo && a->out == may_alias &&
                           a->out_row_stride == alias_stride;
         if (!exact)

@@ -3,17 +3,6 @@
 
 #include "internal/rms_norm.h"
 
-/* Byte range [lo, hi) of a (rows, n) tensor with a row stride. */
-typedef struct span {
-    uintptr_t lo, hi;
-} span;
-
-static span span_of(const void *p, int64_t rows, int64_t n, int64_t stride, size_t size) {
-    span s = {(uintptr_t)p, (uintptr_t)p + (size_t)((rows - 1) * stride + n) * size};
-    return s;
-}
-
-static int overlap(span a, span b) { return a.lo < b.hi && b.lo < a.hi; }
 
 static int is_half(opsmith_dtype d) { return d == OPSMITH_DTYPE_F16 || d == OPSMITH_DTYPE_BF16; }
 
@@ -90,17 +79,17 @@ opsmith_status opsmith_internal_rms_norm_check(const char *op, opsmith_dtype x_d
     /* the output may be its one permitted input exactly (y = x forward,
      * dx = dy backward) when the two have one dtype, and must be apart from
      * every other */
-    const span o = span_of(out, rows, n, out_row_stride, out_size);
+    const opsmith_span o = opsmith_internal_span(out, rows, n, out_row_stride, out_size);
     const void *may_alias = backward ? dy : x;
     const int64_t alias_stride = backward ? dy_row_stride : x_row_stride;
     const int same_dtype = out_dtype == x_dtype; /* y and x, or dx and dy */
-    const struct { const char *name; span s; int present; } inputs[] = {
-        {"x", span_of(x, rows, n, x_row_stride, x_size), 1},
-        {"dy", backward ? span_of(dy, rows, n, dy_row_stride, dy_size) : o, backward},
-        {"weight", weight ? span_of(weight, 1, n, n, w_size) : o, weight != NULL},
+    const struct { const char *name; opsmith_span s; int present; } inputs[] = {
+        {"x", opsmith_internal_span(x, rows, n, x_row_stride, x_size), 1},
+        {"dy", backward ? opsmith_internal_span(dy, rows, n, dy_row_stride, dy_size) : o, backward},
+        {"weight", weight ? opsmith_internal_span(weight, 1, n, n, w_size) : o, weight != NULL},
     };
     for (size_t i = 0; i < sizeof inputs / sizeof inputs[0]; i++) {
-        if (!inputs[i].present || !overlap(o, inputs[i].s)) continue;
+        if (!inputs[i].present || !opsmith_internal_overlap(o, inputs[i].s)) continue;
         const int exact = same_dtype && (uintptr_t)may_alias == inputs[i].s.lo && out == may_alias &&
                           out_row_stride == alias_stride;
         if (!exact)

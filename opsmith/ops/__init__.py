@@ -19,6 +19,18 @@ OP_MODULES = (
 
 _KINDS = ("FUNCTIONS", "MODULES", "PYBIND")
 
+_route_a = None
+
+
+def route_a():
+    """The route A module (opsmith._pybind), imported on first use: `import
+    opsmith` does not need it."""
+    global _route_a
+    if _route_a is None:
+        from .. import _pybind as module
+        _route_a = module
+    return _route_a
+
 
 def op_modules() -> List:
     return [importlib.import_module(f"{__name__}.{name}") for name in OP_MODULES]

@@ -109,16 +109,7 @@ def _glu_bwd_vmap(info, in_dims, dy, gate, up, activation="silu", with_h=False):
 
 # --- route A: pybind11 + torch.autograd.Function -------------------------------------
 
-_pybind_module = None
-
-
-def _pybind():
-    # imported on first use: `import opsmith` does not need route A
-    global _pybind_module
-    if _pybind_module is None:
-        from .. import _pybind as module
-        _pybind_module = module
-    return _pybind_module
+from . import route_a as _pybind
 
 
 class GLUFunction(torch.autograd.Function):

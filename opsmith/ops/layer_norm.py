@@ -116,15 +116,7 @@ _sharding.row_local(_layer_norm_fwd, _layer_norm_bwd, fwd_tensor_args=3, fwd_out
 
 # --- route A: pybind11 + torch.autograd.Function -------------------------------------
 
-_pybind_module = None
-
-
-def _pybind():
-    global _pybind_module
-    if _pybind_module is None:
-        from .. import _pybind as module
-        _pybind_module = module
-    return _pybind_module
+from . import route_a as _pybind
 
 
 class LayerNormFunction(torch.autograd.Function):

@@ -164,16 +164,7 @@ _sharding.row_local(_rms_norm_fwd, _rms_norm_bwd, fwd_tensor_args=2, fwd_outputs
 
 # --- route A: pybind11 + torch.autograd.Function -------------------------------------
 
-_pybind_module = None
-
-
-def _pybind():
-    # imported on first use: `import opsmith` does not need route A
-    global _pybind_module
-    if _pybind_module is None:
-        from .. import _pybind as module
-        _pybind_module = module
-    return _pybind_module
+from . import route_a as _pybind
 
 
 class RMSNormFunction(torch.autograd.Function):
