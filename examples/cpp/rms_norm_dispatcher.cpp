@@ -13,8 +13,12 @@
 #include <optional>
 #include <tuple>
 
+// the C++ signature of the schema rms_norm_fwd(Tensor x, Tensor? weight,
+// float? eps, float offset, str casting_mode, ScalarType? out_dtype,
+// bool inplace_backward) -> (Tensor, Tensor): typed() checks it
 using RmsNormFwd = std::tuple<at::Tensor, at::Tensor>(const at::Tensor &, const std::optional<at::Tensor> &,
-                                                      std::optional<double>);
+                                                      std::optional<double>, double, c10::string_view,
+                                                      std::optional<at::ScalarType>, bool);
 
 static bool check(const at::Device &device) {
     auto op = c10::Dispatcher::singleton().findSchemaOrThrow("opsmith::rms_norm_fwd", "").typed<RmsNormFwd>();
@@ -22,7 +26,7 @@ static bool check(const at::Device &device) {
     torch::Tensor x = torch::randn({8, 96}, opts).requires_grad_();
     torch::Tensor w = torch::randn({96}, opts).requires_grad_();
     // through the dispatcher: the Autograd key's kernel, then the CPU or CUDA one
-    auto [y, inv_rms] = op.call(x, w, 1e-6);
+    auto [y, inv_rms] = op.call(x, w, 1e-6, 0.0, "none", std::nullopt, false);
     torch::Tensor ref = at::rms_norm(x, {96}, w, 1e-6);
     const double err = (y - ref).abs().max().item<double>();
     auto grads = torch::autograd::grad({y.sum()}, {x, w});
