@@ -175,3 +175,16 @@ def _c_abi_handle():
 def c_abi() -> int:
     """opsmith_abi_version() of the C library linked into route B."""
     return int(_c_abi_handle().opsmith_abi_version())
+
+
+def route_a_module():
+    """opsmith._pybind, or an ImportError naming what is missing and how to
+    build it for the way opsmith was installed."""
+    try:
+        from . import _pybind
+    except ImportError as e:
+        path = _find(ROUTE_A[0])
+        if path is None:
+            raise missing_error(missing_parts(ROUTE_A)) from None
+        raise missing_error([f"{ROUTE_A[1]} {path} does not load ({e})"]) from e
+    return _pybind

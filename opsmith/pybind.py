@@ -5,13 +5,7 @@ transforms), and bit for bit the same numbers as route B: both call the same
 bridge and kernels. Each op's Function lives in opsmith/ops/<op>.py."""
 from . import _library
 
-try:
-    from . import _pybind  # noqa: F401  (a missing route A fails here, at import)
-except ImportError as e:
-    _path = _library._find(_library.ROUTE_A[0])
-    if _path is None:
-        raise _library.missing_error(_library.missing_parts(_library.ROUTE_A)) from None
-    raise _library.missing_error([f"{_library.ROUTE_A[1]} {_path} does not load ({e})"]) from e
+_library.route_a_module()  # a missing route A fails here, at import, saying how to build it
 from .ops import exports as _exports
 
 globals().update(_exports("PYBIND"))

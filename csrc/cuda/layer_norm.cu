@@ -294,14 +294,8 @@ layer_norm_bwd_resident_kernel(int64_t rows, int64_t n, const T *__restrict__ dy
 
 /* --- plans ------------------------------------------------------------------ */
 
-/* Row groups the generic backward uses when it reduces dweight and dbias:
- * bounded so the workspace stays small (2 x 2^22 partial elements). */
-int64_t bwd_max_groups(int64_t rows, int64_t n) {
-    int64_t cap = ((int64_t)1 << 22) / n;
-    if (cap < 32) cap = 32;
-    if (cap > 512) cap = 512;
-    return rows < cap ? rows : cap;
-}
+/* the generic backward's partial rows (dweight and dbias: 2 x 2^22 partial elements) */
+int64_t bwd_max_groups(int64_t rows, int64_t n) { return partial_row_groups(rows, n, (int64_t)1 << 22); }
 
 constexpr int kFwdMinThreads = 64, kBwdMinThreads = 128;
 

@@ -390,14 +390,8 @@ rms_norm_bwd_staged_kernel(int64_t rows, int64_t n, const Y *__restrict__ dy, in
 }
 
 
-/* Row groups the backward uses when it reduces dweight: bounded so the
- * workspace stays small (at most 2^23 partial elements, 32 MB in f32). */
-int64_t bwd_max_groups(int64_t rows, int64_t n) {
-    int64_t cap = ((int64_t)1 << 23) / n;
-    if (cap < 32) cap = 32;
-    if (cap > 512) cap = 512;
-    return rows < cap ? rows : cap;
-}
+/* the generic backward's partial rows (one weight gradient: at most 2^23 partial elements, 32 MB in f32) */
+int64_t bwd_max_groups(int64_t rows, int64_t n) { return partial_row_groups(rows, n, (int64_t)1 << 23); }
 
 
 constexpr int kFwdMinThreads = 64, kBwdMinThreads = 128;

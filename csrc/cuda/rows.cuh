@@ -118,6 +118,16 @@ inline Shape choose_shape(int64_t rows, int64_t n, int step, int64_t max_groups)
     return s;
 }
 
+/* Row groups a generic backward uses when it reduces weight gradients into
+ * partial rows of n: at most max_elements partial elements (the workspace
+ * stays small), between 32 and 512 groups, never more than rows. */
+inline int64_t partial_row_groups(int64_t rows, int64_t n, int64_t max_elements) {
+    int64_t cap = max_elements / n;
+    if (cap < 32) cap = 32;
+    if (cap > 512) cap = 512;
+    return rows < cap ? rows : cap;
+}
+
 /* Register-resident kernels keep a thread's packs of a row in registers:
  * at most kResidentThreads x kResidentIters packs a row. */
 constexpr int kResidentThreads = 512, kResidentIters = 8;

@@ -27,8 +27,8 @@ def route_a():
     opsmith` does not need it."""
     global _route_a
     if _route_a is None:
-        from .. import _pybind as module
-        _route_a = module
+        from .._library import route_a_module
+        _route_a = route_a_module()
     return _route_a
 
 
