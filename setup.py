@@ -121,13 +121,26 @@ class BuildRoutes(BuildExtension):
     its own object directory, so ninja does not reuse route B's objects (with
     dispatcher registrations) for route A."""
 
+    def finalize_options(self):
+        super().finalize_options()
+        # setuptools adds a virtual environment's include/ (headers of packages
+        # installed there, usually none): an empty one is dropped so that the
+        # compile commands are the same from every interpreter and ninja
+        # reuses the objects (make, pip install, pip install -e alike)
+        venv_include = os.path.join(sys.exec_prefix, "include")
+        if sys.exec_prefix != sys.base_exec_prefix and not any(files for _, _, files in os.walk(venv_include)):
+            self.include_dirs = [d for d in self.include_dirs if os.path.abspath(d) != os.path.abspath(venv_include)]
+
     def run(self):
         build_c_library()
         super().run()
 
     def build_extension(self, ext):
+        # one object directory in the tree whoever builds (pip's editable
+        # build passes a temporary one): a pip install after `make` compiles
+        # nothing again
         temp = self.build_temp
-        self.build_temp = os.path.join(temp, ext.name.replace(".", "_"))
+        self.build_temp = here("build", f"temp.{self.plat_name}-{sys.implementation.cache_tag}", ext.name.replace(".", "_"))
         try:
             super().build_extension(ext)
         finally:
