@@ -89,79 +89,95 @@ template <typename T, int V> __device__ __forceinline__ void store_chunk(T *p, c
 /* Each thread takes U packs a block-width apart and issues all their loads
  * before any math, so 2U (forward) or 3U (backward) 16-byte loads are in
  * flight per thread; a flat grid (one pass, no grid-stride tail where some
- * threads loop once more than others) covers the row. */
+ * threads loop once more than others) covers the row. The walk is shared:
+ * Op::load(j, r, s) fills slot j from pack s of row r, Op::apply(j, r, s)
+ * computes and stores it. */
 constexpr int kUnroll = 2;
 
-/* y = act(gate) * up over (rows, steps * V) elements. */
-template <typename T, typename Acc, int A, int V, int U>
-__global__ void __launch_bounds__(kThreads)
-glu_fwd_kernel(int64_t rows, int64_t steps, const T *gate, int64_t gs, const T *up, int64_t us, T *y,
-               int64_t ys) {
+template <int U, typename Op>
+__device__ __forceinline__ void for_each_pack(int64_t rows, int64_t steps, Op &op) {
     const int64_t tile = (int64_t)blockDim.x * U;
     for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
         for (int64_t base = (int64_t)blockIdx.x * tile + threadIdx.x; base < steps; base += (int64_t)gridDim.x * tile) {
-            Chunk<T, V> g[U], u[U];
 #pragma unroll
             for (int j = 0; j < U; j++) {
                 const int64_t s = base + (int64_t)j * blockDim.x;
-                if (s < steps) {
-                    g[j] = load_chunk<T, V>(gate + r * gs + s * V);
-                    u[j] = load_chunk<T, V>(up + r * us + s * V);
-                }
+                if (s < steps) op.load(j, r, s);
             }
 #pragma unroll
             for (int j = 0; j < U; j++) {
                 const int64_t s = base + (int64_t)j * blockDim.x;
-                if (s >= steps) break;
-                Chunk<T, V> out;
-#pragma unroll
-                for (int k = 0; k < V; k++) {
-                    Acc slope;
-                    const Acc v = Act<A>::value(to_acc(g[j].v[k]), &slope);
-                    out.v[k] = from_acc<T>(v * to_acc(u[j].v[k]));
-                }
-                store_chunk<T, V>(y + r * ys + s * V, out);
+                if (s < steps) op.apply(j, r, s);
             }
         }
 }
 
-/* dgate = dy * up * act'(gate), dup = dy * act(gate), h = act(gate) * up (when non-NULL). */
+/* y = act(gate) * up over (rows, steps * V) elements. */
+template <typename T, typename Acc, int A, int V, int U> struct FwdOp {
+    const T *gate, *up;
+    T *y;
+    int64_t gs, us, ys;
+    Chunk<T, V> g[U], u[U];
+
+    __device__ __forceinline__ void load(int j, int64_t r, int64_t s) {
+        g[j] = load_chunk<T, V>(gate + r * gs + s * V);
+        u[j] = load_chunk<T, V>(up + r * us + s * V);
+    }
+    __device__ __forceinline__ void apply(int j, int64_t r, int64_t s) {
+        Chunk<T, V> out;
+#pragma unroll
+        for (int k = 0; k < V; k++) {
+            Acc slope;
+            const Acc v = Act<A>::value(to_acc(g[j].v[k]), &slope);
+            out.v[k] = from_acc<T>(v * to_acc(u[j].v[k]));
+        }
+        store_chunk<T, V>(y + r * ys + s * V, out);
+    }
+};
+
+template <typename T, typename Acc, int A, int V, int U>
+__global__ void __launch_bounds__(kThreads)
+glu_fwd_kernel(int64_t rows, int64_t steps, const T *gate, int64_t gs, const T *up, int64_t us, T *y,
+               int64_t ys) {
+    FwdOp<T, Acc, A, V, U> op{gate, up, y, gs, us, ys};
+    for_each_pack<U>(rows, steps, op);
+}
+
+/* dgate = dy * up * act'(gate), dup = dy * act(gate), h = act(gate) * up (when H). */
+template <typename T, typename Acc, int A, int V, int U, bool H> struct BwdOp {
+    const T *dy, *gate, *up;
+    T *dgate, *dup, *h;
+    int64_t dys, gs, us, dgs, dus, hs;
+    Chunk<T, V> d[U], g[U], u[U];
+
+    __device__ __forceinline__ void load(int j, int64_t r, int64_t s) {
+        d[j] = load_chunk<T, V>(dy + r * dys + s * V);
+        g[j] = load_chunk<T, V>(gate + r * gs + s * V);
+        u[j] = load_chunk<T, V>(up + r * us + s * V);
+    }
+    __device__ __forceinline__ void apply(int j, int64_t r, int64_t s) {
+        Chunk<T, V> dg, du, hv;
+#pragma unroll
+        for (int k = 0; k < V; k++) {
+            Acc slope;
+            const Acc uv = to_acc(u[j].v[k]), dv = to_acc(d[j].v[k]);
+            const Acc v = Act<A>::value(to_acc(g[j].v[k]), &slope);
+            dg.v[k] = from_acc<T>(dv * uv * slope);
+            du.v[k] = from_acc<T>(dv * v);
+            if (H) hv.v[k] = from_acc<T>(v * uv);
+        }
+        store_chunk<T, V>(dgate + r * dgs + s * V, dg);
+        store_chunk<T, V>(dup + r * dus + s * V, du);
+        if (H) store_chunk<T, V>(h + r * hs + s * V, hv);
+    }
+};
+
 template <typename T, typename Acc, int A, int V, int U, bool H>
 __global__ void __launch_bounds__(kThreads)
 glu_bwd_kernel(int64_t rows, int64_t steps, const T *dy, int64_t dys, const T *gate, int64_t gs, const T *up,
                int64_t us, T *dgate, int64_t dgs, T *dup, int64_t dus, T *h, int64_t hs) {
-    const int64_t tile = (int64_t)blockDim.x * U;
-    for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
-        for (int64_t base = (int64_t)blockIdx.x * tile + threadIdx.x; base < steps; base += (int64_t)gridDim.x * tile) {
-            Chunk<T, V> d[U], g[U], u[U];
-#pragma unroll
-            for (int j = 0; j < U; j++) {
-                const int64_t s = base + (int64_t)j * blockDim.x;
-                if (s < steps) {
-                    d[j] = load_chunk<T, V>(dy + r * dys + s * V);
-                    g[j] = load_chunk<T, V>(gate + r * gs + s * V);
-                    u[j] = load_chunk<T, V>(up + r * us + s * V);
-                }
-            }
-#pragma unroll
-            for (int j = 0; j < U; j++) {
-                const int64_t s = base + (int64_t)j * blockDim.x;
-                if (s >= steps) break;
-                Chunk<T, V> dg, du, hv;
-#pragma unroll
-                for (int k = 0; k < V; k++) {
-                    Acc slope;
-                    const Acc uv = to_acc(u[j].v[k]), dv = to_acc(d[j].v[k]);
-                    const Acc v = Act<A>::value(to_acc(g[j].v[k]), &slope);
-                    dg.v[k] = from_acc<T>(dv * uv * slope);
-                    du.v[k] = from_acc<T>(dv * v);
-                    if (H) hv.v[k] = from_acc<T>(v * uv);
-                }
-                store_chunk<T, V>(dgate + r * dgs + s * V, dg);
-                store_chunk<T, V>(dup + r * dus + s * V, du);
-                if (H) store_chunk<T, V>(h + r * hs + s * V, hv);
-            }
-        }
+    BwdOp<T, Acc, A, V, U, H> op{dy, gate, up, dgate, dup, h, dys, gs, us, dgs, dus, hs};
+    for_each_pack<U>(rows, steps, op);
 }
 
 /* The operands of one call, and how the launch sees them. */
