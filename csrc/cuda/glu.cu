@@ -6,13 +6,14 @@
  * Shapes: gate, up, y, dy, dgate, dup, h are (rows, n) with their own row
  * strides; the packed form is two pointers into one buffer. When every
  * operand is contiguous the rows are one long row, so no block idles on a
- * row tail. Grid: x over a row's packs (kUnroll packs a thread), y over rows
+ * row tail. Grid: x over a row's packs (one pack a thread), y over rows
  * (looping past 65535). Each element is loaded before the same element is
  * stored by the same thread, and plain (coherent) loads are used, so an
  * output that is exactly an input (in place) is safe. */
 #include <type_traits>
 
 #include "common.cuh"
+#include "launch_plan.cuh"
 #include "internal/glu.h"
 
 namespace opsmith {
@@ -86,98 +87,52 @@ template <typename T, int V> __device__ __forceinline__ void store_chunk(T *p, c
     }
 }
 
-/* Each thread takes U packs a block-width apart and issues all their loads
- * before any math, so 2U (forward) or 3U (backward) 16-byte loads are in
- * flight per thread; a flat grid (one pass, no grid-stride tail where some
- * threads loop once more than others) covers the row. The walk is shared:
- * Op::load(j, r, s) fills slot j from pack s of row r, Op::apply(j, r, s)
- * computes and stores it. */
-constexpr int kUnroll = 2;
-
-template <int U, typename Op>
-__device__ __forceinline__ void for_each_pack(int64_t rows, int64_t steps, Op &op) {
-    const int64_t tile = (int64_t)blockDim.x * U;
-    for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
-        for (int64_t base = (int64_t)blockIdx.x * tile + threadIdx.x; base < steps; base += (int64_t)gridDim.x * tile) {
-#pragma unroll
-            for (int j = 0; j < U; j++) {
-                const int64_t s = base + (int64_t)j * blockDim.x;
-                if (s < steps) op.load(j, r, s);
-            }
-#pragma unroll
-            for (int j = 0; j < U; j++) {
-                const int64_t s = base + (int64_t)j * blockDim.x;
-                if (s < steps) op.apply(j, r, s);
-            }
-        }
-}
-
 /* y = act(gate) * up over (rows, steps * V) elements. */
-template <typename T, typename Acc, int A, int V, int U> struct FwdOp {
-    const T *gate, *up;
-    T *y;
-    int64_t gs, us, ys;
-    Chunk<T, V> g[U], u[U];
-
-    __device__ __forceinline__ void load(int j, int64_t r, int64_t s) {
-        g[j] = load_chunk<T, V>(gate + r * gs + s * V);
-        u[j] = load_chunk<T, V>(up + r * us + s * V);
-    }
-    __device__ __forceinline__ void apply(int j, int64_t r, int64_t s) {
-        Chunk<T, V> out;
-#pragma unroll
-        for (int k = 0; k < V; k++) {
-            Acc slope;
-            const Acc v = Act<A>::value(to_acc(g[j].v[k]), &slope);
-            out.v[k] = from_acc<T>(v * to_acc(u[j].v[k]));
-        }
-        store_chunk<T, V>(y + r * ys + s * V, out);
-    }
-};
-
-template <typename T, typename Acc, int A, int V, int U>
+template <typename T, typename Acc, int A, int V>
 __global__ void __launch_bounds__(kThreads)
 glu_fwd_kernel(int64_t rows, int64_t steps, const T *gate, int64_t gs, const T *up, int64_t us, T *y,
                int64_t ys) {
-    FwdOp<T, Acc, A, V, U> op{gate, up, y, gs, us, ys};
-    for_each_pack<U>(rows, steps, op);
+    for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
+        for (int64_t s = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; s < steps;
+             s += (int64_t)gridDim.x * blockDim.x) {
+            const Chunk<T, V> g = load_chunk<T, V>(gate + r * gs + s * V);
+            const Chunk<T, V> u = load_chunk<T, V>(up + r * us + s * V);
+            Chunk<T, V> out;
+#pragma unroll
+            for (int k = 0; k < V; k++) {
+                Acc slope;
+                const Acc v = Act<A>::value(to_acc(g.v[k]), &slope);
+                out.v[k] = from_acc<T>(v * to_acc(u.v[k]));
+            }
+            store_chunk<T, V>(y + r * ys + s * V, out);
+        }
 }
 
-/* dgate = dy * up * act'(gate), dup = dy * act(gate), h = act(gate) * up (when H). */
-template <typename T, typename Acc, int A, int V, int U, bool H> struct BwdOp {
-    const T *dy, *gate, *up;
-    T *dgate, *dup, *h;
-    int64_t dys, gs, us, dgs, dus, hs;
-    Chunk<T, V> d[U], g[U], u[U];
-
-    __device__ __forceinline__ void load(int j, int64_t r, int64_t s) {
-        d[j] = load_chunk<T, V>(dy + r * dys + s * V);
-        g[j] = load_chunk<T, V>(gate + r * gs + s * V);
-        u[j] = load_chunk<T, V>(up + r * us + s * V);
-    }
-    __device__ __forceinline__ void apply(int j, int64_t r, int64_t s) {
-        Chunk<T, V> dg, du, hv;
-#pragma unroll
-        for (int k = 0; k < V; k++) {
-            Acc slope;
-            const Acc uv = to_acc(u[j].v[k]), dv = to_acc(d[j].v[k]);
-            const Acc v = Act<A>::value(to_acc(g[j].v[k]), &slope);
-            dg.v[k] = from_acc<T>(dv * uv * slope);
-            du.v[k] = from_acc<T>(dv * v);
-            if (H) hv.v[k] = from_acc<T>(v * uv);
-        }
-        store_chunk<T, V>(dgate + r * dgs + s * V, dg);
-        store_chunk<T, V>(dup + r * dus + s * V, du);
-        if (H) store_chunk<T, V>(h + r * hs + s * V, hv);
-    }
-};
-
-template <typename T, typename Acc, int A, int V, int U, bool H>
+/* dgate = dy * up * act'(gate), dup = dy * act(gate), h = act(gate) * up (when non-NULL). */
+template <typename T, typename Acc, int A, int V, bool H>
 __global__ void __launch_bounds__(kThreads)
 glu_bwd_kernel(int64_t rows, int64_t steps, const T *dy, int64_t dys, const T *gate, int64_t gs, const T *up,
                int64_t us, T *dgate, int64_t dgs, T *dup, int64_t dus, T *h, int64_t hs) {
-    BwdOp<T, Acc, A, V, U, H> op{dy, gate, up, dgate, dup, h, dys, gs, us, dgs, dus, hs};
-    for_each_pack<U>(rows, steps, op);
+    for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
+        for (int64_t s = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; s < steps;
+             s += (int64_t)gridDim.x * blockDim.x) {
+            const Chunk<T, V> d = load_chunk<T, V>(dy + r * dys + s * V);
+            const Chunk<T, V> g = load_chunk<T, V>(gate + r * gs + s * V);
+            const Chunk<T, V> u = load_chunk<T, V>(up + r * us + s * V);
+            Chunk<T, V> dg, du, hv;
+#pragma unroll
+            for (int k = 0; k < V; k++) {
+                Acc slope;
+                const Acc uv = to_acc(u.v[k]), dv = to_acc(d.v[k]);
+                const Acc v = Act<A>::value(to_acc(g.v[k]), &slope);
+                dg.v[k] = from_acc<T>(dv * uv * slope);
+                du.v[k] = from_acc<T>(dv * v);
+                if (H) hv.v[k] = from_acc<T>(v * uv);
+            }
+            store_chunk<T, V>(dgate + r * dgs + s * V, dg);
+            store_chunk<T, V>(dup + r * dus + s * V, du);
+            if (H) store_chunk<T, V>(h + r * hs + s * V, hv);
+        }
 }
 
 /* The operands of one call, and how the launch sees them. */
@@ -202,13 +157,16 @@ Shape shape_of(int64_t rows, int64_t n, const void *const *ptrs, const int64_t *
     return s;
 }
 
-dim3 grid_of(int64_t rows, int64_t steps, int unroll) {
-    /* U steps a thread, one pass; a second dimension over rows keeps the
-     * 64-bit row offset out of the per-thread arithmetic */
-    const int64_t tile = (int64_t)kThreads * unroll;
-    const int64_t x = (steps + tile - 1) / tile;
-    const int64_t max_x = 2147483647; /* past that, threads loop */
-    return dim3((unsigned)(x < max_x ? x : max_x), (unsigned)(rows < kMaxGridY ? rows : kMaxGridY));
+dim3 grid_of(int64_t rows, int64_t steps) {
+    /* one step a thread; past 64 blocks an SM threads loop, every thread the
+     * same number of times (the grid shrunk to balance the loop, so no
+     * last pass runs with most threads idle); a second dimension over rows
+     * keeps the 64-bit row offset out of the per-thread arithmetic */
+    const int64_t x = (steps + kThreads - 1) / kThreads;
+    const int64_t max_x = (int64_t)sm_count() * 64;
+    const int64_t passes = (x + max_x - 1) / max_x;
+    const int64_t balanced = (x + passes - 1) / passes;
+    return dim3((unsigned)balanced, (unsigned)(rows < kMaxGridY ? rows : kMaxGridY));
 }
 
 template <typename T, typename Acc, int A>
@@ -217,10 +175,10 @@ void fwd_launch(const Shape &sh, const void *gate, int64_t gs, const void *up, i
     constexpr int V = Pack<T>::VEC;
     if (sh.vec) {
         const int64_t steps = sh.n / V;
-        glu_fwd_kernel<T, Acc, A, V, kUnroll><<<grid_of(sh.rows, steps, kUnroll), kThreads, 0, stream>>>(
+        glu_fwd_kernel<T, Acc, A, V><<<grid_of(sh.rows, steps), kThreads, 0, stream>>>(
             sh.rows, steps, (const T *)gate, gs, (const T *)up, us, (T *)y, ys);
     } else {
-        glu_fwd_kernel<T, Acc, A, 1, 1><<<grid_of(sh.rows, sh.n, 1), kThreads, 0, stream>>>(
+        glu_fwd_kernel<T, Acc, A, 1><<<grid_of(sh.rows, sh.n), kThreads, 0, stream>>>(
             sh.rows, sh.n, (const T *)gate, gs, (const T *)up, us, (T *)y, ys);
     }
 }
@@ -232,11 +190,11 @@ void bwd_launch(const Shape &sh, const void *dy, int64_t dys, const void *gate, 
     constexpr int V = Pack<T>::VEC;
     if (sh.vec) {
         const int64_t steps = sh.n / V;
-        glu_bwd_kernel<T, Acc, A, V, kUnroll, H><<<grid_of(sh.rows, steps, kUnroll), kThreads, 0, stream>>>(
+        glu_bwd_kernel<T, Acc, A, V, H><<<grid_of(sh.rows, steps), kThreads, 0, stream>>>(
             sh.rows, steps, (const T *)dy, dys, (const T *)gate, gs, (const T *)up, us, (T *)dgate, dgs,
             (T *)dup, dus, (T *)h, hs);
     } else {
-        glu_bwd_kernel<T, Acc, A, 1, 1, H><<<grid_of(sh.rows, sh.n, 1), kThreads, 0, stream>>>(
+        glu_bwd_kernel<T, Acc, A, 1, H><<<grid_of(sh.rows, sh.n), kThreads, 0, stream>>>(
             sh.rows, sh.n, (const T *)dy, dys, (const T *)gate, gs, (const T *)up, us, (T *)dgate, dgs,
             (T *)dup, dus, (T *)h, hs);
     }
