@@ -18,21 +18,10 @@ import time
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # the in-place build
+from opsmith.bench import saved_tensor_bytes  # noqa: E402
 from opsmith.nn import GatedMLP  # noqa: E402
 
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16, "f64": torch.float64}
-
-
-def saved_bytes(fn):
-    seen = {}
-
-    def pack(t):
-        seen[(t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))] = t.numel() * t.element_size()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = fn()
-    return out, sum(seen.values())
 
 
 def sync(device):
@@ -43,7 +32,7 @@ def sync(device):
 def measure(module, x, dy, iters):
     device = x.device
     params = list(module.parameters())
-    _, saved = saved_bytes(lambda: module(x))
+    _, saved = saved_tensor_bytes(lambda: module(x))
     times = []
     peak = None
     for i in range(iters + 2):

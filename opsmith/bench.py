@@ -142,6 +142,21 @@ def host_overhead_us(device, calls: int = 2000, ops: Optional[List[str]] = None)
     return out
 
 
+def saved_tensor_bytes(fn):
+    """(fn(), bytes of the distinct tensors autograd saves for the backward
+    while fn() builds the graph), counted through saved-tensor hooks, so the
+    same on any device."""
+    seen = {}
+
+    def pack(t):
+        seen[(t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))] = t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    return out, sum(seen.values())
+
+
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 
 

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 import opsmith
 import opsmith.pybind
 from opsmith.ops.glu import GatedDownProjection, GatedMLP
+from opsmith.bench import saved_tensor_bytes
 from opsmith.specs.glu import SPEC
 
 from harness import DTYPES, dtype_id
@@ -215,19 +216,6 @@ def test_state_dict_nested_prefix_and_strict_errors():
 
 # --- recompute --------------------------------------------------------------------------------
 
-def _saved_bytes(fn):
-    """Bytes of the distinct tensors autograd saves while fn() builds the graph."""
-    seen = {}
-
-    def pack(t):
-        seen[(t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))] = t.numel() * t.element_size()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = fn()
-    return out, sum(seen.values())
-
-
 @pytest.mark.parametrize("activation", ACTIVATIONS)
 @pytest.mark.parametrize("fused", [False, True], ids=["unfused", "fused"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
@@ -239,8 +227,8 @@ def test_recompute_same_grads_less_saved(device, activation, fused, dtype):
     lean.load_state_dict(base.state_dict())
     x = torch.randn(rows, hidden, device=device, dtype=dtype, requires_grad=True)
     dy = torch.randn(rows, hidden, device=device, dtype=dtype)
-    y0, saved0 = _saved_bytes(lambda: base(x))
-    y1, saved1 = _saved_bytes(lambda: lean(x))
+    y0, saved0 = saved_tensor_bytes(lambda: base(x))
+    y1, saved1 = saved_tensor_bytes(lambda: lean(x))
     assert torch.equal(y0, y1)
     g0 = torch.autograd.grad(y0, [x, *base.parameters()], dy)
     g1 = torch.autograd.grad(y1, [x, *lean.parameters()], dy)

@@ -236,7 +236,8 @@ def bench_spec(activation: str) -> BenchSpec:
         # Llama 3 70B (28672), and powers of two
         hidden_sizes=[4096, 8192, 11008, 14336, 18944, 28672],
         row_counts=[1, 16, 64, 1024, 4096, 16384],
-        quick_shapes=[(16384, 14336), (4096, 11008), (8192, 28672), (4096, 18944), (64, 14336), (16, 14336),
+        quick_shapes=[(16384, 4096), (16384, 8192), (16384, 14336), (4096, 11008), (8192, 28672), (4096, 18944),
+                      (64, 14336), (16, 14336),
                       (1, 14336), (1, 28672)],
         host_calls=_host_calls if activation == "silu" else None,
     )
