@@ -12,12 +12,13 @@
  * buffers of them stay in L1. */
 #define OPSMITH_CPU_BLOCK 512
 
-/* Row workers are compiled for AVX2 and for the baseline x86-64 (SSE2),
- * picked when the library loads. The library is built as ISO C (no FMA
- * contraction) and every sum runs in explicit lanes, so both give the
- * same bits. */
+/* Row workers are compiled for AVX-512, AVX2 and the baseline x86-64
+ * (SSE2), picked when the library loads (ISA levels, not arch= targets,
+ * whose tuning can keep the conversions from inlining). The library is
+ * built as ISO C (no FMA contraction) and every sum runs in explicit
+ * lanes, so all three give the same bits. */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define OPSMITH_CPU_CLONES __attribute__((target_clones("avx2", "default")))
+#define OPSMITH_CPU_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define OPSMITH_CPU_CLONES
 #endif
