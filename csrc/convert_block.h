@@ -4,13 +4,49 @@
  * (loops the compiler vectorizes whatever the storage dtype), and narrows
  * the result: one kernel body serves every dtype and every mix of them.
  * f16 goes through the F16C instructions when the CPU has them (checked at
- * run time), else through the portable C of convert.h; both round to
- * nearest even and quieten NaN the same way. Header-only, static. */
+ * run time), else through the branch-free conversions below; bf16 through
+ * convert.h's (a shift, and a select). All round to nearest even and
+ * quieten NaN the same way, bit for bit. Header-only, static. */
 #ifndef OPSMITH_CONVERT_BLOCK_H
 #define OPSMITH_CONVERT_BLOCK_H
 
 #include "convert.h"
 #include "opsmith.h"
+
+/* f16 <-> float without a branch, for the portable loops to vectorize:
+ * every case (normal, subnormal, Inf, NaN) is computed and the right one
+ * selected, as bit arithmetic (a ternary the compiler might keep as a
+ * branch). The same bits as convert.h's opsmith_f16_to_f32 and
+ * opsmith_f32_to_f16. */
+static inline uint32_t opsmith_block_select(uint32_t c, uint32_t a, uint32_t b) { return b ^ ((a ^ b) & (0u - c)); }
+
+static inline float opsmith_block_f16_to_f32(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    const uint32_t em = h & 0x7fffu;
+    /* exponent rebiased 15 -> 127; Inf/NaN (exponent 31) rebiased once more to 255 */
+    uint32_t o = (em << 13) + 0x38000000u;
+    o += 0x38000000u & (0u - (uint32_t)(em >= 0x7c00u));
+    /* subnormal: as a normal with exponent 2^-14, minus the implicit 2^-14 */
+    const float sub = opsmith_f32_from_bits(o + 0x00800000u) - opsmith_f32_from_bits(0x38800000u);
+    const uint32_t mag = opsmith_block_select(em < 0x0400u, opsmith_f32_bits(sub), o);
+    return opsmith_f32_from_bits(mag | sign);
+}
+
+static inline uint16_t opsmith_block_f32_to_f16(float f) {
+    const uint32_t u = opsmith_f32_bits(f);
+    const uint32_t sign = (u >> 16) & 0x8000u;
+    const uint32_t a = u & 0x7fffffffu;
+    /* normal: rebias, round the 13 dropped bits to even (a carry reaches inf) */
+    const uint32_t normal = (a - 0x38000000u + 0xfffu + ((a >> 13) & 1u)) >> 13;
+    /* below 2^-14: adding 0.5 lines the f16 subnormal unit (2^-24) up with
+     * the float's last mantissa bit, so the FPU's own rounding is the f16 one */
+    const uint32_t sub = opsmith_f32_bits(opsmith_f32_from_bits(a) + 0.5f) - opsmith_f32_bits(0.5f);
+    const uint32_t nan = 0x7e00u | ((a >> 13) & 0x3ffu);
+    uint32_t o = opsmith_block_select(a < 0x38800000u, sub, normal);
+    o = opsmith_block_select(a >= 0x477ff000u, 0x7c00u, o); /* rounds to >= 65520: inf */
+    o = opsmith_block_select(a > 0x7f800000u, nan, o);
+    return (uint16_t)(o | sign);
+}
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -57,7 +93,7 @@ static inline const float *opsmith_widen_f32(opsmith_dtype dt, const void *p, in
             return buf;
         }
 #endif
-        for (int64_t i = 0; i < n; i++) buf[i] = opsmith_f16_to_f32(h[i]);
+        for (int64_t i = 0; i < n; i++) buf[i] = opsmith_block_f16_to_f32(h[i]);
         return buf;
     }
     }
@@ -86,7 +122,7 @@ static inline void opsmith_narrow_f32(opsmith_dtype dt, const float *in, void *p
             return;
         }
 #endif
-        for (int64_t i = 0; i < n; i++) h[i] = opsmith_f32_to_f16(in[i]);
+        for (int64_t i = 0; i < n; i++) h[i] = opsmith_block_f32_to_f16(in[i]);
         return;
     }
     }
@@ -106,17 +142,22 @@ static inline void opsmith_round_f32(opsmith_dtype dt, float *buf, int64_t n) {
     }
 }
 
-/* the double versions: only f64 is kept in double */
+/* The double versions, for f64 x: f64 is used in place, and f32 (a
+ * LayerNorm's float32 parameters beside f64 x) widened exactly and
+ * narrowed by rounding to nearest. */
 static inline const double *opsmith_widen_f64(opsmith_dtype dt, const void *p, int64_t off, int64_t n, double *buf) {
-    (void)dt, (void)n, (void)buf;
-    return (const double *)p + off;
+    if (dt == OPSMITH_DTYPE_F64) return (const double *)p + off;
+    const float *f = (const float *)p + off;
+    for (int64_t i = 0; i < n; i++) buf[i] = f[i];
+    return buf;
 }
 static inline double *opsmith_out_f64(opsmith_dtype dt, void *p, int64_t off, double *buf) {
-    (void)dt, (void)buf;
-    return (double *)p + off;
+    return dt == OPSMITH_DTYPE_F64 ? (double *)p + off : buf;
 }
 static inline void opsmith_narrow_f64(opsmith_dtype dt, const double *in, void *p, int64_t off, int64_t n) {
-    (void)dt, (void)in, (void)p, (void)off, (void)n;
+    if (dt == OPSMITH_DTYPE_F64) return; /* computed in place */
+    float *f = (float *)p + off;
+    for (int64_t i = 0; i < n; i++) f[i] = (float)in[i];
 }
 static inline void opsmith_round_f64(opsmith_dtype dt, double *buf, int64_t n) { (void)dt, (void)buf, (void)n; }
 

@@ -8,24 +8,12 @@
  * would apart. */
 #include <math.h>
 
-#include "convert_block.h"
+#include "cpu_rows.h"
 #include "internal/rms_norm.h"
 
-/* Row sums run block by block: inside a block, LANES interleaved partial
- * sums (element i into lane i % LANES) added pairwise; the block sums go
- * into LANES more. Rounding error then grows with BLOCK / LANES +
- * n / (BLOCK * LANES) rather than n, and the fixed lanes are what the
- * compiler keeps in vector registers without reordering any sum. */
+#define BLOCK OPSMITH_CPU_BLOCK
+/* 8 lanes (cpu_rows.h: row sums in fixed lanes) */
 #define LANES 8
-#define BLOCK 512
-
-/* The row kernels are compiled for AVX2 and for the baseline x86-64 (SSE2),
- * picked when the library loads; the sums are the same in both. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define OPSMITH_CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define OPSMITH_CLONES
-#endif
 
 typedef struct fwd_args {
     opsmith_dtype xd, wd, yd;
@@ -48,18 +36,11 @@ typedef struct bwd_args {
 /* One body per accumulate type ACC (float, double), stamped from a macro:
  * the widen/narrow helpers of convert_block.h named by SUFFIX. */
 #define DEFINE_RMS_NORM(SUFFIX, ACC)                                                              \
-    static ACC sum_lanes_##SUFFIX(ACC *l) {                                                       \
-        for (int w = LANES / 2; w > 0; w /= 2)                                                    \
-            for (int k = 0; k < w; k++) l[k] += l[k + w];                                         \
-        return l[0];                                                                              \
-    }                                                                                             \
+    static ACC sum_lanes_##SUFFIX(ACC *l) { return opsmith_lanes_total_##SUFFIX(l, LANES); }      \
                                                                                                   \
     /* lanes[i % LANES] += a[i] * b[i] over one block */                                          \
     static void add_products_##SUFFIX(ACC *lanes, const ACC *a, const ACC *b, int64_t len) {     \
-        int64_t i = 0;                                                                            \
-        for (; i + LANES <= len; i += LANES)                                                      \
-            for (int k = 0; k < LANES; k++) lanes[k] += a[i + k] * b[i + k];                      \
-        for (int k = 0; i < len; i++, k++) lanes[k] += a[i] * b[i];                               \
+        OPSMITH_LANES_ADD(LANES, lanes, len, i, a[i] * b[i]);                                     \
     }                                                                                             \
                                                                                                   \
     /* g = dy * (offset + w), or dy without a weight; a pointer to g */                           \
@@ -69,7 +50,7 @@ typedef struct bwd_args {
         return g;                                                                                 \
     }                                                                                             \
                                                                                                   \
-    OPSMITH_CLONES static void fwd_rows_##SUFFIX(const fwd_args *a, int64_t r0, int64_t r1) {     \
+    OPSMITH_CPU_CLONES static void fwd_rows_##SUFFIX(const fwd_args *a, int64_t r0, int64_t r1) { \
         ACC xbuf[BLOCK], wbuf[BLOCK], hbuf[BLOCK], obuf[BLOCK];                                   \
         const ACC offset = (ACC)a->offset, eps = (ACC)a->eps;                                     \
         for (int64_t r = r0; r < r1; r++) {                                                       \
@@ -108,8 +89,8 @@ typedef struct bwd_args {
     }                                                                                             \
                                                                                                   \
     /* dx for rows [r0, r1); adds dy * x_hat into partial (n) when non-NULL */                    \
-    OPSMITH_CLONES static void bwd_rows_##SUFFIX(const bwd_args *a, int64_t r0, int64_t r1,       \
-                                                 ACC *partial) {                                  \
+    OPSMITH_CPU_CLONES static void bwd_rows_##SUFFIX(const bwd_args *a, int64_t r0, int64_t r1,   \
+                                                     ACC *partial) {                              \
         ACC xbuf[BLOCK], gbuf[BLOCK], wbuf[BLOCK], sbuf[BLOCK], hbuf[BLOCK], obuf[BLOCK];         \
         const ACC offset = (ACC)a->offset;                                                        \
         const int64_t n = a->n;                                                                   \
@@ -235,18 +216,9 @@ opsmith_status opsmith_rms_norm_ex_bwd_cpu(opsmith_dtype x_dtype, opsmith_dtype 
         memset(pc, 0, (size_t)n * acc);
         bwd_rows(&a, rows * c / chunks, rows * (c + 1) / chunks, pc);
     }
-#pragma omp parallel for schedule(static) num_threads(t)
-    for (int64_t i = 0; i < n; i++) {
-        double s_ = 0; /* f32 sums added as before in float; f64 in double */
-        if (acc == sizeof(double)) {
-            for (int64_t c = 0; c < chunks; c++) s_ += ((const double *)workspace)[c * n + i];
-        } else {
-            float f = 0;
-            for (int64_t c = 0; c < chunks; c++) f += ((const float *)workspace)[c * n + i];
-            s_ = f;
-        }
-        opsmith_store_from_double(weight_dtype, dw, i, s_);
-    }
+    void *outs[1] = {dw};
+    const void *parts[1] = {workspace};
+    opsmith_cpu_sum_chunks(x_dtype, weight_dtype, 1, outs, parts, chunks, n, opsmith_internal_threads_for(chunks * n));
     return OPSMITH_STATUS_SUCCESS;
 }
 

@@ -85,6 +85,6 @@ size_t opsmith_internal_layer_norm_bwd_cpu_workspace(opsmith_dtype x_dtype, int6
      * that fill them then have one shape */
     const int parts = with_dweight || with_dbias ? 2 : 0;
     if (!parts || rows <= 0 || n <= 0 || !is_float(x_dtype)) return 0;
-    const int64_t chunks = rows < OPSMITH_LAYER_NORM_CPU_CHUNKS ? rows : OPSMITH_LAYER_NORM_CPU_CHUNKS;
+    const int64_t chunks = opsmith_internal_layer_norm_cpu_chunks(rows);
     return (size_t)(parts * chunks * n) * opsmith_dtype_size(opsmith_dtype_accumulate(x_dtype));
 }

@@ -34,10 +34,21 @@ typedef struct opsmith_layer_norm_args {
  * apart from every tensor). */
 OPSMITH_INTERNAL opsmith_status opsmith_internal_layer_norm_check(const opsmith_layer_norm_args *a);
 
-/* dweight and dbias partial sums of the CPU backward go through a fixed
- * number of row chunks, summed in a fixed order: the result does not depend
- * on the thread count. */
+/* dweight and dbias partial sums of the CPU backward go through row
+ * chunks, summed in a fixed order; their number is a function of rows
+ * alone, so the result does not depend on the thread count. A chunk holds
+ * at least OPSMITH_LAYER_NORM_CPU_CHUNK_ROWS rows (its partial rows cost
+ * about 1/that of its work), except that up to 4 rows get a chunk each and
+ * up to 64 rows 4 chunks (a few threads still share them); at most
+ * OPSMITH_LAYER_NORM_CPU_CHUNKS chunks. */
 #define OPSMITH_LAYER_NORM_CPU_CHUNKS 64
+#define OPSMITH_LAYER_NORM_CPU_CHUNK_ROWS 16
+
+static inline int64_t opsmith_internal_layer_norm_cpu_chunks(int64_t rows) {
+    const int64_t few = rows < 4 ? rows : 4;
+    const int64_t c = rows / OPSMITH_LAYER_NORM_CPU_CHUNK_ROWS;
+    return c < few ? few : c < OPSMITH_LAYER_NORM_CPU_CHUNKS ? c : OPSMITH_LAYER_NORM_CPU_CHUNKS;
+}
 
 /* Workspace of the CPU backward: per chunk, a partial row for dweight and
  * one for dbias (both when either is asked for), in the accumulate type. */
