@@ -445,10 +445,17 @@ layer_norm_bwd_staged_kernel(int64_t rows, int64_t n, const T *__restrict__ dy, 
             }
         });
         block_sum2(sg, sgx, scratch);
-        /* two cluster rounds: each call alternates its slot set, so the
-         * second cannot overwrite the first before every CTA has read it */
-        sg = cluster.sum(sg);
-        sgx = cluster.sum(sgx);
+        if constexpr (CTAS > 1) {
+            /* two cluster rounds, which alternate slot sets: the barrier
+             * between them keeps the contract that a CTA sends round k + 1
+             * only after all its threads read round k (a peer may then
+             * send round k + 2 into round k's slots); block_sum2 is that
+             * barrier between one row's second round and the next row's
+             * first */
+            sg = cluster.sum(sg);
+            __syncthreads();
+            sgx = cluster.sum(sgx);
+        }
         const A mg = sg / (A)n, mgx = sgx * rs / (A)n;
         for_my_packs<ITERS>(sl.steps, [&](int it, int64_t i) {
             const Pack<T> xv = ring.at(stage, 0, it), gv = ring.at(stage, 1, it);
