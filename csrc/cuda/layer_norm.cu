@@ -657,9 +657,9 @@ opsmith_status bwd(int64_t rows, int64_t n, const void *dy, int64_t dys, const v
     }
     opsmith_status st = launch_status();
     if (st != OPSMITH_STATUS_SUCCESS || !sums) return st;
-    A *scratch = partial + 2 * cap * n;
-    if (dw) sum_partial_rows<W, A>(parts, n, partial, scratch, static_cast<W *>(dw), stream);
-    if (db) sum_partial_rows<W, A>(parts, n, partial + cap * n, scratch, static_cast<W *>(db), stream);
+    /* dweight and dbias in the same launches (one or two, not two or four) */
+    sum_partial_row_pair<W, A>(parts, n, partial, cap * n, partial + 2 * cap * n, static_cast<W *>(dw),
+                               static_cast<W *>(db), stream);
     return launch_status();
 }
 
@@ -719,7 +719,7 @@ extern "C" size_t opsmith_layer_norm_bwd_cuda_workspace_size(opsmith_dtype x_dty
     const int64_t parts = dispatch_pair(x_dtype, weight_dtype, (int64_t)0, [&](auto t, auto w, auto acc) {
         return bwd_parts<decltype(t), decltype(w), decltype(acc)>(rows, n);
     });
-    const int64_t total = 2 * parts + reduce_chunks(parts);
+    const int64_t total = 2 * (parts + reduce_chunks(parts)); /* both sets' partial rows and chunk sums */
     return (size_t)(total * n) * opsmith_dtype_size(opsmith_dtype_accumulate(x_dtype));
 }
 
