@@ -4,13 +4,18 @@
  * storage type of x, or float); mean and rstd are (rows) in A (double for
  * f64 x, float otherwise).
  *
- * Two kernel families, chosen per call (fwd_launch, bwd_launch), built from
- * the row machinery rms_norm uses (rows.cuh, launch_plan.cuh,
- * partial_sums.cuh):
- * - resident: packed rows held in registers, one block a row, so x (and
- *   dy) are read once; the mean and the variance both come from the
- *   registers (two passes over them: the variance is the mean of squared
- *   deviations, not E[x^2] - E[x]^2);
+ * Three kernel families, chosen per call (fwd_launch, bwd_launch), built
+ * from the row machinery rms_norm uses (rows.cuh, launch_plan.cuh,
+ * norm_plan.cuh, row_pipeline.cuh, partial_sums.cuh):
+ * - resident: packed rows held in registers, so x (and dy) are read once;
+ *   the forward's kernel (a block a row, or a warp a row for short rows:
+ *   "warp"), and the backward's for a short batch. Each thread takes the
+ *   mean and the squared deviations of its own packs from its registers
+ *   (two passes over them), and one merge of those moments gives the row's
+ *   mean and variance (a sum of squared deviations, never E[x^2] - E[x]^2);
+ * - staged (backward, many rows): rows of x and dy streamed through shared
+ *   memory several rows ahead with cp.async, a row split over a cluster of
+ *   CTAs when it is wider than one CTA's share of shared memory;
  * - generic: a row group (a warp for short rows, the block for long ones)
  *   owns a row and reads it again for each pass; any stride, alignment or
  *   width (16-byte packs where every pointer, stride and n allow it).
@@ -18,9 +23,8 @@
  * each block (row group) sums its rows into its own workspace rows with a
  * fixed column-to-thread map, then fixed-order column sums add the rows. */
 #include "internal/layer_norm.h"
-#include "launch_plan.cuh"
+#include "norm_plan.cuh"
 #include "partial_sums.cuh"
-#include "rows.cuh"
 
 namespace opsmith {
 namespace {
@@ -177,49 +181,121 @@ __global__ void layer_norm_bwd_kernel(int64_t rows, int64_t n, const T *__restri
 
 /* --- register-resident kernels ------------------------------------------- */
 
-template <typename T, typename W, typename A, int ITERS>
+/* A thread's (or a group's) share of a row: element count, mean, and the
+ * sum of squared deviations from that mean. Each thread takes both from the
+ * packs in its registers (two passes over them); merging shares keeps the
+ * variance a sum of squared deviations (Chan et al.'s pairwise update,
+ * never E[x^2] - E[x]^2), so a row needs one round of reduction, not two. */
+template <typename A> struct Moments {
+    A count, mean, m2;
+};
+
+/* Symmetric in a and b (the weighted mean and delta^2 do not depend on the
+ * order), so both lanes of a butterfly step get the same bits and every
+ * thread of a row ends with the same mean and variance. */
+template <typename A> __device__ __forceinline__ Moments<A> merge(const Moments<A> &a, const Moments<A> &b) {
+    const A count = a.count + b.count;
+    if (count == A(0)) return a;
+    const A inv = A(1) / count, d = b.mean - a.mean;
+    return Moments<A>{count, (a.count * a.mean + b.count * b.mean) * inv, a.m2 + b.m2 + d * d * (a.count * b.count * inv)};
+}
+
+template <typename A> __device__ __forceinline__ Moments<A> warp_merge(Moments<A> m) {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        const Moments<A> o{__shfl_xor_sync(0xffffffffu, m.count, offset), __shfl_xor_sync(0xffffffffu, m.mean, offset),
+                           __shfl_xor_sync(0xffffffffu, m.m2, offset)};
+        m = merge(m, o);
+    }
+    return m;
+}
+
+/* Over a row group (a warp, or the block: scratch holds 96; the leading
+ * barrier makes it safe to call again in a loop), returned to every thread. */
+template <bool WARP_ROWS, typename A> __device__ __forceinline__ Moments<A> group_merge(Moments<A> m, A *scratch) {
+    m = warp_merge(m);
+    if constexpr (!WARP_ROWS) {
+        const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+        const int warps = (blockDim.x + 31) >> 5;
+        __syncthreads();
+        if (lane == 0) scratch[warp] = m.count, scratch[32 + warp] = m.mean, scratch[64 + warp] = m.m2;
+        __syncthreads();
+        m = lane < warps ? Moments<A>{scratch[lane], scratch[32 + lane], scratch[64 + lane]} : Moments<A>{0, 0, 0};
+        m = warp_merge(m);
+    }
+    return m;
+}
+
+/* Forward for packed rows held in registers: ITERS packs a thread of a row
+ * group (WARP_ROWS: a warp a row, blockDim.x / 32 rows a block, for rows of
+ * at most 32 x 4 packs; else the block a row). One reduction a row (the
+ * merged moments). With few packs a thread of a block (a short batch's
+ * latency plan) the weight and bias are loaded with x, so the row waits on
+ * memory once; otherwise they are L1/L2 hits loaded after the reduction,
+ * leaving the registers to x's packs (warp rows: 64 -> ~40 registers at 2
+ * packs, more warps and so more rows in flight an SM). */
+template <typename T, typename W, typename A, int ITERS, bool WARP_ROWS>
 __global__ void __launch_bounds__(kResidentThreads)
 layer_norm_fwd_resident_kernel(int64_t rows, int64_t n, const T *__restrict__ x, int64_t xs,
                                const W *__restrict__ w, const W *__restrict__ b, A eps, T *__restrict__ y,
                                int64_t ys, A *__restrict__ mean, A *__restrict__ rstd) {
     constexpr int S = Pack<T>::VEC;
-    __shared__ A scratch[64];
+    constexpr bool kParamsEarly = ITERS <= 2 && !WARP_ROWS;
+    __shared__ A scratch[96];
+    const RowGroup<WARP_ROWS> g;
     const int64_t steps = n / S;
-    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    /* f(it, i) for each of the thread's packs i = t + it * threads inside the row */
+    auto packs = [&](auto f) {
+#pragma unroll
+        for (int it = 0; it < ITERS; it++) {
+            const int64_t i = g.t + (int64_t)it * g.threads;
+            if (i < steps) f(it, i);
+        }
+    };
+    for (int64_t r = g.first_row(); r < rows; r += g.row_step()) {
         const T *xr = x + r * xs;
         Pack<T> xp[ITERS];
+        A wv[kParamsEarly ? ITERS : 1][S], bv[kParamsEarly ? ITERS : 1][S];
+        int mine = 0;
+        packs([&](int it, int64_t i) {
+            xp[it] = load_pack(xr + i * S);
+            if constexpr (kParamsEarly) {
+                if (w) load_param<W, A, S, true>(w + i * S, wv[it]);
+                if (b) load_param<W, A, S, true>(b + i * S, bv[it]);
+            }
+            mine++;
+        });
         A sum = 0;
-        for_my_packs<ITERS>(steps, [&](int it, int64_t i) { xp[it] = load_pack(xr + i * S); });
-        for_my_packs<ITERS>(steps, [&](int it, int64_t) {
+        packs([&](int it, int64_t) {
 #pragma unroll
             for (int k = 0; k < S; k++) sum += to_acc(xp[it].v[k]);
         });
-        A unused = 0;
-        block_sum2(sum, unused, scratch);
-        const A mu = sum / (A)n;
-        /* the second pass, over the same registers */
-        A sq = 0;
-        for_my_packs<ITERS>(steps, [&](int it, int64_t) {
+        Moments<A> m{(A)(mine * S), 0, 0};
+        if (mine) m.mean = sum / m.count;
+        packs([&](int it, int64_t) {
 #pragma unroll
             for (int k = 0; k < S; k++) {
-                const A d = to_acc(xp[it].v[k]) - mu;
-                sq += d * d;
+                const A d = to_acc(xp[it].v[k]) - m.mean;
+                m.m2 += d * d;
             }
         });
-        unused = 0;
-        block_sum2(sq, unused, scratch);
-        const A rs = rsqrt_acc(sq / (A)n + eps);
-        if (threadIdx.x == 0) mean[r] = mu, rstd[r] = rs;
-        for_my_packs<ITERS>(steps, [&](int it, int64_t i) {
-            /* the weight and bias are L1/L2 hits from the second row on */
+        m = group_merge<WARP_ROWS>(m, scratch);
+        const A mu = m.mean, rs = rsqrt_acc(m.m2 / (A)n + eps);
+        if (g.t == 0) mean[r] = mu, rstd[r] = rs;
+        packs([&](int it, int64_t i) {
             opaque(xp[it]);
-            A wv[S], bv[S];
-            if (w) load_param<W, A, S, true>(w + i * S, wv);
-            if (b) load_param<W, A, S, true>(b + i * S, bv);
+            A wl[S], bl[S];
+            if constexpr (kParamsEarly) {
+#pragma unroll
+                for (int k = 0; k < S; k++) wl[k] = wv[it][k], bl[k] = bv[it][k];
+            } else {
+                if (w) load_param<W, A, S, true>(w + i * S, wl);
+                if (b) load_param<W, A, S, true>(b + i * S, bl);
+            }
             Pack<T> out;
 #pragma unroll
             for (int k = 0; k < S; k++)
-                out.v[k] = from_acc<T>((to_acc(xp[it].v[k]) - mu) * rs * (w ? wv[k] : A(1)) + (b ? bv[k] : A(0)));
+                out.v[k] = from_acc<T>((to_acc(xp[it].v[k]) - mu) * rs * (w ? wl[k] : A(1)) + (b ? bl[k] : A(0)));
             store_pack(y + r * ys + i * S, out);
         });
     }
@@ -292,12 +368,126 @@ layer_norm_bwd_resident_kernel(int64_t rows, int64_t n, const T *__restrict__ dy
     }
 }
 
+
+/* Staged backward: the path for packed rows when there are many more rows
+ * than SMs, rms_norm's structure (norm_plan.cuh, row_pipeline.cuh) with two
+ * sums a row. A block (or a cluster of CTAS CTAs, each owning a 1/CTAS slice
+ * of the columns) streams rows of x and dy through a ring of kStages row
+ * stages in shared memory, filled by cp.async kStages - 1 rows ahead: the
+ * next rows' bytes stay in flight while the block reduces and writes the
+ * current row, and they take no registers. A thread owns the same packs of
+ * every row, so its dweight and dbias sums sit in its registers, and so
+ * does the weight when it has x's dtype (an f32 weight beside 16-bit x
+ * would take twice the registers: it is read again each row, an L1 hit).
+ * partial is (2, parts, n): cluster c's dweight and dbias sums over its
+ * rows, rows c and parts + c. */
+template <typename T, typename W, typename A, int ITERS, int CTAS>
+__global__ void __launch_bounds__(kResidentThreads)
+layer_norm_bwd_staged_kernel(int64_t rows, int64_t n, const T *__restrict__ dy, int64_t dys,
+                             const T *__restrict__ x, int64_t xs, const W *__restrict__ w,
+                             const A *__restrict__ mean, const A *__restrict__ rstd, T *__restrict__ dx,
+                             int64_t dxs, A *__restrict__ partial, int64_t parts) {
+    constexpr int S = Pack<T>::VEC;
+    constexpr bool kHoldWeight = sizeof(W) == sizeof(T);
+    extern __shared__ __align__(16) unsigned char dynamic_smem[];
+    /* ring slot 0 holds x's pack, slot 1 dy's */
+    const RowRing<T, kStages, 2, ITERS> ring{reinterpret_cast<Pack<T> *>(dynamic_smem)};
+    __shared__ A scratch[64], cluster_slots[2 * CTAS];
+    __shared__ uint64_t cluster_barriers[2];
+    ClusterSum<CTAS, A> cluster{cluster_slots, cluster_barriers};
+    cluster.init();
+    const Slice<CTAS> sl(n, S);
+    x += sl.col0;
+    dy += sl.col0;
+    dx += sl.col0;
+    if (w) w += sl.col0;
+    Pack<W> wp[kHoldWeight ? ITERS : 1];
+    if constexpr (kHoldWeight)
+        if (w) for_my_packs<ITERS>(sl.steps, [&](int it, int64_t i) { wp[it] = load_pack(w + i * S); });
+    auto weight = [&](int it, int64_t i, A (&out)[S]) {
+        if constexpr (kHoldWeight) {
+#pragma unroll
+            for (int k = 0; k < S; k++) out[k] = (A)to_acc(wp[it].v[k]);
+        } else {
+            load_param<W, A, S, true>(w + i * S, out);
+        }
+    };
+    A dw[ITERS][S], db[ITERS][S];
+#pragma unroll
+    for (int it = 0; it < ITERS; it++)
+#pragma unroll
+        for (int k = 0; k < S; k++) dw[it][k] = 0, db[it][k] = 0;
+    auto issue = [&](int64_t r, int stage) {
+        if (r < rows)
+            for_my_packs<ITERS>(sl.steps, [&](int it, int64_t i) {
+                cp_async16(&ring.at(stage, 0, it), x + r * xs + i * S);
+                cp_async16(&ring.at(stage, 1, it), dy + r * dys + i * S);
+            });
+        cp_async_commit();
+    };
+#pragma unroll
+    for (int s = 0; s < kStages - 1; s++) issue(sl.first + s * sl.stride, s);
+    int stage = 0;
+    for (int64_t r = sl.first; r < rows; r += sl.stride) {
+        issue(r + (kStages - 1) * sl.stride, stage == 0 ? kStages - 1 : stage - 1);
+        const A mu = mean[r], rs = rstd[r];
+        cp_async_wait<kStages - 1>();
+        A sg = 0, sgx = 0;
+        for_my_packs<ITERS>(sl.steps, [&](int it, int64_t i) {
+            const Pack<T> xv = ring.at(stage, 0, it), gv = ring.at(stage, 1, it);
+            A wv[S];
+            if (w) weight(it, i, wv);
+#pragma unroll
+            for (int k = 0; k < S; k++) {
+                const A gk = w ? to_acc(gv.v[k]) * wv[k] : (A)to_acc(gv.v[k]);
+                sg += gk;
+                sgx += gk * (to_acc(xv.v[k]) - mu);
+            }
+        });
+        block_sum2(sg, sgx, scratch);
+        if constexpr (CTAS > 1) {
+            /* two cluster rounds, which alternate slot sets: the barrier
+             * between them keeps the contract that a CTA sends round k + 1
+             * only after all its threads read round k (a peer may then
+             * send round k + 2 into round k's slots); block_sum2 is that
+             * barrier between one row's second round and the next row's
+             * first */
+            sg = cluster.sum(sg);
+            __syncthreads();
+            sgx = cluster.sum(sgx);
+        }
+        const A mg = sg / (A)n, mgx = sgx * rs / (A)n;
+        for_my_packs<ITERS>(sl.steps, [&](int it, int64_t i) {
+            const Pack<T> xv = ring.at(stage, 0, it), gv = ring.at(stage, 1, it);
+            A wv[S];
+            if (w) weight(it, i, wv);
+            Pack<T> out;
+#pragma unroll
+            for (int k = 0; k < S; k++) {
+                const A d = to_acc(gv.v[k]), xh = (to_acc(xv.v[k]) - mu) * rs;
+                out.v[k] = from_acc<T>(rs * ((w ? d * wv[k] : d) - mg - xh * mgx));
+                dw[it][k] += d * xh;
+                db[it][k] += d;
+            }
+            store_pack(dx + r * dxs + i * S, out);
+        });
+        stage = stage + 1 == kStages ? 0 : stage + 1;
+    }
+    cp_async_wait<0>();
+    if (partial) {
+        A *pw = partial + sl.first * n + sl.col0, *pb = partial + (parts + sl.first) * n + sl.col0;
+        for_my_packs<ITERS>(sl.steps, [&](int it, int64_t i) {
+#pragma unroll
+            for (int k = 0; k < S; k++) pw[i * S + k] = dw[it][k], pb[i * S + k] = db[it][k];
+        });
+    }
+    cluster.finish();
+}
+
 /* --- plans ------------------------------------------------------------------ */
 
 /* the generic backward's partial rows (dweight and dbias: 2 x 2^22 partial elements) */
 int64_t bwd_max_groups(int64_t rows, int64_t n) { return partial_row_groups(rows, n, (int64_t)1 << 22); }
-
-constexpr int kFwdMinThreads = 64, kBwdMinThreads = 128;
 
 template <typename T, typename W, typename A> using FwdKernel =
     void (*)(int64_t, int64_t, const T *, int64_t, const W *, const W *, A, T *, int64_t, A *, A *);
@@ -305,12 +495,19 @@ template <typename T, typename W, typename A> using BwdKernel =
     void (*)(int64_t, int64_t, const T *, int64_t, const T *, int64_t, const W *, const A *, const A *, T *, int64_t,
              A *, int64_t);
 
-template <typename T, typename W, typename A> FwdKernel<T, W, A> fwd_resident_kernel(int iters) {
+template <typename T, typename W, typename A> FwdKernel<T, W, A> fwd_resident_kernel(int iters, bool warp_rows) {
+    if (warp_rows) {
+        switch (iters) {
+        case 1: return layer_norm_fwd_resident_kernel<T, W, A, 1, true>;
+        case 2: return layer_norm_fwd_resident_kernel<T, W, A, 2, true>;
+        default: return layer_norm_fwd_resident_kernel<T, W, A, 4, true>;
+        }
+    }
     switch (iters) {
-    case 1: return layer_norm_fwd_resident_kernel<T, W, A, 1>;
-    case 2: return layer_norm_fwd_resident_kernel<T, W, A, 2>;
-    case 4: return layer_norm_fwd_resident_kernel<T, W, A, 4>;
-    default: return layer_norm_fwd_resident_kernel<T, W, A, 8>;
+    case 1: return layer_norm_fwd_resident_kernel<T, W, A, 1, false>;
+    case 2: return layer_norm_fwd_resident_kernel<T, W, A, 2, false>;
+    case 4: return layer_norm_fwd_resident_kernel<T, W, A, 4, false>;
+    default: return layer_norm_fwd_resident_kernel<T, W, A, 8, false>;
     }
 }
 
@@ -323,28 +520,71 @@ template <typename T, typename W, typename A> BwdKernel<T, W, A> bwd_resident_ke
     }
 }
 
+template <typename T, typename W, typename A> BwdKernel<T, W, A> bwd_staged_kernel(int iters, int ctas) {
+    switch (ctas) {
+    case 1: return iters == 1 ? layer_norm_bwd_staged_kernel<T, W, A, 1, 1>
+                 : iters == 2 ? layer_norm_bwd_staged_kernel<T, W, A, 2, 1>
+                              : layer_norm_bwd_staged_kernel<T, W, A, 4, 1>;
+    case 2: return layer_norm_bwd_staged_kernel<T, W, A, 4, 2>;
+    case 4: return layer_norm_bwd_staged_kernel<T, W, A, 4, 4>;
+    default: return layer_norm_bwd_staged_kernel<T, W, A, 4, 8>;
+    }
+}
+
 const Launch kGeneric{nullptr, 0, 0, 0, 0, "generic"};
 
-/* Forward plan for packed rows, as rms_norm's: a short batch (no more rows
- * than SMs) the latency plan (widest block, fewest packs a thread), many
- * rows the throughput plan up to 4 packs a thread; grid == 0: generic. */
+/* Rows of at most kWarpRowPacks packs take a warp a row in the forward's
+ * throughput plan: no block barrier, and kWarpRowsBlock / 32 rows in flight
+ * a block instead of one short row a block of 64 threads (which capped an
+ * SM at 32 rows of 1 KB in flight at n = 512 bf16). */
+constexpr int64_t kWarpRowPacks = 32 * 4;
+constexpr int kWarpRowsBlock = 256;
+
+/* Forward plan for packed rows: a short batch (no more rows than SMs) the
+ * latency plan (widest block, fewest packs a thread); many short rows a
+ * warp a row; many other rows the throughput plan up to 4 packs a thread,
+ * as rms_norm's; grid == 0: generic. */
 template <typename T, typename W, typename A> Launch fwd_launch(int64_t rows, int64_t n) {
     const int64_t vec = Pack<T>::VEC;
     if (n % vec != 0) return kGeneric;
+    const int64_t steps = n / vec;
     const bool latency = rows <= sm_count();
-    const Resident res = resident_plan(n / vec, kFwdMinThreads, latency, latency ? kResidentIters : 4);
+    if (!latency && steps <= kWarpRowPacks) {
+        int iters = 1;
+        while (32 * iters < steps) iters *= 2;
+        const int64_t per_block = kWarpRowsBlock / 32, blocks = (rows + per_block - 1) / per_block;
+        return Launch{reinterpret_cast<const void *>(fwd_resident_kernel<T, W, A>(iters, true)), kWarpRowsBlock, 1,
+                      0, blocks < kMaxGrid ? blocks : kMaxGrid, "warp"};
+    }
+    const Resident res = resident_plan(steps, kFwdMinThreads, latency, latency ? kResidentIters : 4);
     if (!res.iters) return kGeneric;
     const int64_t grid = rows < kMaxGrid ? rows : kMaxGrid;
-    return Launch{reinterpret_cast<const void *>(fwd_resident_kernel<T, W, A>(res.iters)), res.threads, 1, 0, grid,
-                  "resident"};
+    return Launch{reinterpret_cast<const void *>(fwd_resident_kernel<T, W, A>(res.iters, false)), res.threads, 1, 0,
+                  grid, "resident"};
 }
 
-/* Backward plan for packed rows: the resident kernel with as many blocks as
- * fit at once (its shared memory holds 2n sums); grid == 0: generic. */
+/* The staged backward's launch (ring of x and dy: 2 slots a pack). */
+template <typename T, typename W, typename A> Launch bwd_staged_launch(int64_t rows, int64_t n) {
+    int iters = 0, ctas = 0;
+    Launch l = staged_plan<T>(n, 2, &iters, &ctas);
+    if (!l.threads) return l;
+    l.kernel = reinterpret_cast<const void *>(bwd_staged_kernel<T, W, A>(iters, ctas));
+    return fit_grid(l, rows);
+}
+
+/* Backward plan for packed rows, as rms_norm's: many rows the staged kernel
+ * (norm_plan.cuh's keep_staged says when it pays); otherwise the resident
+ * kernel with as many blocks as fit at once (its shared memory holds 2n
+ * sums); grid == 0: generic. */
 template <typename T, typename W, typename A> Launch bwd_launch(int64_t rows, int64_t n, bool with_sums) {
     const int64_t vec = Pack<T>::VEC;
     if (n % vec != 0) return kGeneric;
-    const Resident plan = resident_plan(n / vec, kBwdMinThreads, rows <= sm_count(), kResidentIters);
+    const int sms = sm_count();
+    if (rows > sms) {
+        const Launch l = keep_staged(bwd_staged_launch<T, W, A>(rows, n), rows, sms);
+        if (l.grid) return l;
+    }
+    const Resident plan = resident_plan(n / vec, kBwdMinThreads, rows <= sms, kResidentIters);
     if (!plan.iters) return kGeneric;
     Launch l{reinterpret_cast<const void *>(bwd_resident_kernel<T, W, A>(plan.iters)), plan.threads, 1,
              with_sums ? 2 * (size_t)n * sizeof(A) : 0, 0, "resident"};
@@ -353,21 +593,10 @@ template <typename T, typename W, typename A> Launch bwd_launch(int64_t rows, in
     return l;
 }
 
-template <typename T, typename W>
-bool packed_ok(int64_t n, std::initializer_list<int64_t> strides, std::initializer_list<const void *> ptrs) {
-    const int vec = Pack<T>::VEC;
-    if (n % vec != 0) return false;
-    for (int64_t s : strides)
-        if (s % vec != 0) return false;
-    for (const void *p : ptrs)
-        if (p && !aligned16(p)) return false;
-    return true;
-}
-
 template <typename T, typename W, typename A>
 opsmith_status fwd(int64_t rows, int64_t n, const void *x, int64_t xs, const void *w, const void *b, double eps,
                    void *y, int64_t ys, void *mean, void *rstd, cudaStream_t stream) {
-    const bool packed = packed_ok<T, W>(n, {xs, ys}, {x, y, w, b});
+    const bool packed = packed_ok(n, Pack<T>::VEC, {xs, ys}, {x, y, w, b});
     const T *xp = static_cast<const T *>(x);
     const W *wp = static_cast<const W *>(w), *bp = static_cast<const W *>(b);
     T *yp = static_cast<T *>(y);
@@ -394,7 +623,7 @@ template <typename T, typename W, typename A> int64_t bwd_parts(int64_t rows, in
     const Shape b = choose_shape(rows, n, 1, bwd_max_groups(rows, n));
     int64_t parts = a.groups > b.groups ? a.groups : b.groups;
     const Launch l = bwd_launch<T, W, A>(rows, n, true);
-    if (l.grid > parts) parts = l.grid;
+    if (l.grid && l.grid / l.ctas > parts) parts = l.grid / l.ctas;
     return parts;
 }
 
@@ -402,7 +631,7 @@ template <typename T, typename W, typename A>
 opsmith_status bwd(int64_t rows, int64_t n, const void *dy, int64_t dys, const void *x, int64_t xs, const void *w,
                    const void *mean, const void *rstd, void *dx, int64_t dxs, void *dw, void *db, void *workspace,
                    cudaStream_t stream) {
-    const bool packed = packed_ok<T, W>(n, {xs, dys, dxs}, {x, dy, dx, w});
+    const bool packed = packed_ok(n, Pack<T>::VEC, {xs, dys, dxs}, {x, dy, dx, w});
     const T *dyp = static_cast<const T *>(dy), *xp = static_cast<const T *>(x);
     const W *wp = static_cast<const W *>(w);
     const A *mp = static_cast<const A *>(mean), *rp = static_cast<const A *>(rstd);
@@ -414,7 +643,7 @@ opsmith_status bwd(int64_t rows, int64_t n, const void *dy, int64_t dys, const v
     int64_t parts;
     const Launch l = packed ? bwd_launch<T, W, A>(rows, n, sums) : kGeneric;
     if (l.grid) {
-        parts = l.grid;
+        parts = l.grid / l.ctas;
         launch<BwdKernel<T, W, A>>(l, stream, rows, n, dyp, dys, xp, xs, wp, mp, rp, dxp, dxs, partial, cap);
     } else {
         const Shape s = choose_shape(rows, n, packed ? Pack<T>::VEC : 1, bwd_max_groups(rows, n));
@@ -428,9 +657,9 @@ opsmith_status bwd(int64_t rows, int64_t n, const void *dy, int64_t dys, const v
     }
     opsmith_status st = launch_status();
     if (st != OPSMITH_STATUS_SUCCESS || !sums) return st;
-    A *scratch = partial + 2 * cap * n;
-    if (dw) sum_partial_rows<W, A>(parts, n, partial, scratch, static_cast<W *>(dw), stream);
-    if (db) sum_partial_rows<W, A>(parts, n, partial + cap * n, scratch, static_cast<W *>(db), stream);
+    /* dweight and dbias in the same launches (one or two, not two or four) */
+    sum_partial_row_pair<W, A>(parts, n, partial, cap * n, partial + 2 * cap * n, static_cast<W *>(dw),
+                               static_cast<W *>(db), stream);
     return launch_status();
 }
 
@@ -490,7 +719,7 @@ extern "C" size_t opsmith_layer_norm_bwd_cuda_workspace_size(opsmith_dtype x_dty
     const int64_t parts = dispatch_pair(x_dtype, weight_dtype, (int64_t)0, [&](auto t, auto w, auto acc) {
         return bwd_parts<decltype(t), decltype(w), decltype(acc)>(rows, n);
     });
-    const int64_t total = 2 * parts + reduce_chunks(parts);
+    const int64_t total = 2 * (parts + reduce_chunks(parts)); /* both sets' partial rows and chunk sums */
     return (size_t)(total * n) * opsmith_dtype_size(opsmith_dtype_accumulate(x_dtype));
 }
 

@@ -18,9 +18,10 @@ namespace opsmith {
 constexpr int kReduceCols = 32, kReduceSlices = 8;
 constexpr int64_t kReduceChunk = 64;
 
+/* One block's share of column_sum_kernel (below): chunk blockIdx.y. */
 template <typename Out, typename A>
-__global__ void column_sum_kernel(int64_t parts, int64_t per_chunk, int64_t n,
-                                        const A *__restrict__ partial, Out *__restrict__ out) {
+__device__ __forceinline__ void column_sum_block(int64_t parts, int64_t per_chunk, int64_t n,
+                                                 const A *__restrict__ partial, Out *__restrict__ out) {
     __shared__ A tile[kReduceSlices][kReduceCols + 1];
     const int64_t col = (int64_t)blockIdx.x * kReduceCols + threadIdx.x;
     const int64_t p0 = (int64_t)blockIdx.y * per_chunk;
@@ -36,6 +37,23 @@ __global__ void column_sum_kernel(int64_t parts, int64_t per_chunk, int64_t n,
         for (int k = 0; k < kReduceSlices; k++) total += tile[k][threadIdx.x];
         out[(int64_t)blockIdx.y * n + col] = from_acc<Out>(total);
     }
+}
+
+template <typename Out, typename A>
+__global__ void column_sum_kernel(int64_t parts, int64_t per_chunk, int64_t n,
+                                        const A *__restrict__ partial, Out *__restrict__ out) {
+    column_sum_block<Out, A>(parts, per_chunk, n, partial, out);
+}
+
+/* Two sets of partial rows in one launch (a backward with two gradients,
+ * LayerNorm's dweight and dbias): set blockIdx.z reads partial + z *
+ * set_stride and writes out0 or out1; a NULL output skips its set. */
+template <typename Out, typename A>
+__global__ void column_sum_pair_kernel(int64_t parts, int64_t per_chunk, int64_t n, const A *__restrict__ partial,
+                                       int64_t set_stride, Out *out0, Out *out1) {
+    Out *const out = blockIdx.z ? out1 : out0;
+    if (!out) return; /* the whole block: no barrier is left waiting */
+    column_sum_block<Out, A>(parts, per_chunk, n, partial + blockIdx.z * set_stride, out);
 }
 
 /* Rows of chunk sums the two-pass reduction of `parts` partial rows keeps
@@ -59,6 +77,28 @@ void sum_partial_rows(int64_t parts, int64_t n, const A *partial, A *scratch, Ou
         column_sum_kernel<Out, A><<<cols, block, 0, stream>>>(chunks, chunks, n, scratch, out);
     } else {
         column_sum_kernel<Out, A><<<cols, block, 0, stream>>>(parts, parts, n, partial, out);
+    }
+}
+
+/* out0, out1 (n each, either may be NULL) = the column sums of the two sets
+ * of partial rows (parts, n) at partial and partial + set_stride, in two
+ * launches at most (sum_partial_rows' passes, both sets in each). With many
+ * partial rows the chunk sums go to `scratch`: 2 x reduce_chunks(parts)
+ * rows of n. */
+template <typename Out, typename A>
+void sum_partial_row_pair(int64_t parts, int64_t n, const A *partial, int64_t set_stride, A *scratch, Out *out0,
+                          Out *out1, cudaStream_t stream) {
+    const unsigned cols = (unsigned)((n + kReduceCols - 1) / kReduceCols);
+    const dim3 block(kReduceCols, kReduceSlices);
+    const int64_t chunks = reduce_chunks(parts);
+    if (chunks) {
+        column_sum_pair_kernel<A, A><<<dim3(cols, (unsigned)chunks, 2), block, 0, stream>>>(
+            parts, kReduceChunk, n, partial, set_stride, out0 ? scratch : nullptr, out1 ? scratch + chunks * n : nullptr);
+        column_sum_pair_kernel<Out, A><<<dim3(cols, 1, 2), block, 0, stream>>>(chunks, chunks, n, scratch, chunks * n,
+                                                                              out0, out1);
+    } else {
+        column_sum_pair_kernel<Out, A><<<dim3(cols, 1, 2), block, 0, stream>>>(parts, parts, n, partial, set_stride,
+                                                                              out0, out1);
     }
 }
 

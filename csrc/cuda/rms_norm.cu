@@ -22,13 +22,9 @@
  * deterministic: each block (cluster) sums its rows into its own workspace
  * row with a fixed column-to-thread map, then one or two reduction launches
  * add the rows in a fixed order. */
-#include <initializer_list>
-
 #include "internal/rms_norm.h"
-#include "launch_plan.cuh"
+#include "norm_plan.cuh"
 #include "partial_sums.cuh"
-#include "row_pipeline.cuh"
-#include "rows.cuh"
 
 namespace opsmith {
 namespace {
@@ -287,21 +283,6 @@ rms_norm_bwd_resident_kernel(int64_t rows, int64_t n, const Y *__restrict__ dy, 
  * and writes the current row, and they take no registers. A thread owns the
  * same packs of every row, so the weight sits in its registers and so do
  * its weight-gradient sums. */
-constexpr int kStages = 3;
-
-/* Shifts the row pointers to this CTA's slice and names its rows: cluster
- * c of the grid takes rows c, c + clusters, ... */
-template <int CTAS> struct Slice {
-    int64_t steps, col0, first, stride;
-    int rank;
-    __device__ Slice(int64_t n, int S) {
-        rank = cluster_rank<CTAS>();
-        steps = n / CTAS / S;
-        col0 = rank * (n / CTAS);
-        first = blockIdx.x / CTAS;
-        stride = gridDim.x / CTAS;
-    }
-};
 
 /* A row of dy takes kUnits<T, Y> ring slots of 16 bytes a pack of x. */
 template <typename T, typename Y> constexpr int kUnits = (int)(sizeof(Y) / sizeof(T));
@@ -394,8 +375,6 @@ rms_norm_bwd_staged_kernel(int64_t rows, int64_t n, const Y *__restrict__ dy, in
 int64_t bwd_max_groups(int64_t rows, int64_t n) { return partial_row_groups(rows, n, (int64_t)1 << 23); }
 
 
-constexpr int kFwdMinThreads = 64, kBwdMinThreads = 128;
-
 /* K is a Types<T, W, Y> bundle (common.cuh): the kernels' storage types. */
 template <typename K> using AccK = typename AccOf<typename K::T>::type;
 
@@ -447,37 +426,6 @@ template <typename K> BwdResidentKernel<K> bwd_staged_kernel(int iters, int ctas
     }
 }
 
-/* Staged plan for packed rows of n elements of T, `units` 16-byte slots a
- * pack of x streamed a row (x and dy for the backward: 2, or 3 when dy is
- * twice as wide as x). A CTA's slice of a row is at most 2 x kSliceBytes
- * over all units, so kStages stages of it fit in one SM's shared memory
- * (192 KB at the largest slice); wider rows are split over a cluster of 2,
- * 4 or 8 CTAs (sm_90). */
-constexpr size_t kSliceBytes = 32 << 10;
-
-constexpr int kStagedMinThreads = 64;
-constexpr int64_t kStagedMinRowsPerBlock = 4;
-
-template <typename T> Launch staged_plan(int64_t n, int units, int *iters, int *ctas) {
-    Launch l{nullptr, 0, 0, 0, 0, "staged"};
-    DeviceInfo d;
-    int device;
-    const int64_t vec = Pack<T>::VEC;
-    const size_t row_bytes = (size_t)n * sizeof(T) * units, budget = 2 * kSliceBytes;
-    int c = 1;
-    while (row_bytes > budget * c && c < 8) c *= 2;
-    if (row_bytes > budget * c || n % (c * vec) != 0 || !device_info(&d, &device) || (c > 1 && d.major < 9))
-        return l;
-    const Resident plan = resident_plan(n / c / vec, kStagedMinThreads, false, 4);
-    if (!plan.iters || (c > 1 && plan.iters != 4)) return l;
-    *iters = plan.iters;
-    *ctas = c;
-    l.threads = plan.threads;
-    l.ctas = c;
-    l.smem = (size_t)kStages * units * plan.iters * plan.threads * sizeof(Pack<T>); /* the RowRing */
-    return l;
-}
-
 template <typename K> Launch bwd_staged_launch(int64_t rows, int64_t n) {
     int iters = 0, ctas = 0;
     Launch l = staged_plan<typename K::T>(n, 1 + kUnits<typename K::T, typename K::Y>, &iters, &ctas);
@@ -507,18 +455,8 @@ template <typename K> Launch bwd_resident_launch(int64_t rows, int64_t n, bool w
 template <typename K> Launch bwd_launch(int64_t rows, int64_t n, bool with_dw) {
     const int sms = sm_count();
     if (rows > sms) {
-        Launch l = bwd_staged_launch<K>(rows, n);
-        /* at least kStagedMinRowsPerBlock rows a block (or cluster) while the
-         * grid still covers every SM: each block writes a weight-gradient
-         * partial row of n floats, which at one or two rows a block costs
-         * more traffic than the rows themselves (1024 x 4096 bf16: 28.4 ->
-         * 26.1 us; large shapes unchanged) */
-        int64_t cap = (rows + kStagedMinRowsPerBlock - 1) / kStagedMinRowsPerBlock;
-        if (cap < sms) cap = sms;
-        if (l.grid && l.grid / l.ctas > cap) l.grid = cap * l.ctas;
-        /* just over one row an SM, the ring has nothing to overlap and the
-         * resident kernel is faster (140 x 4096: 17.3 against 19.2 us) */
-        if (l.grid && (l.ctas > 1 || rows >= 2 * (int64_t)sms)) return l;
+        const Launch l = keep_staged(bwd_staged_launch<K>(rows, n), rows, sms);
+        if (l.grid) return l;
     }
     return bwd_resident_launch<K>(rows, n, with_dw);
 }
@@ -539,18 +477,6 @@ template <typename K> Launch fwd_launch(int64_t rows, int64_t n) {
                       "resident"};
     }
     return Launch{nullptr, 0, 0, 0, 0, "generic"};
-}
-
-/* the packed paths need every pointer 16-byte aligned and every row stride
- * a whole number of x's packs */
-inline bool packed_ok(int64_t n, int vec, std::initializer_list<int64_t> strides,
-                      std::initializer_list<const void *> ptrs) {
-    if (n % vec != 0) return false;
-    for (int64_t s : strides)
-        if (s % vec != 0) return false;
-    for (const void *p : ptrs)
-        if (p && !aligned16(p)) return false;
-    return true;
 }
 
 template <typename K>

@@ -55,9 +55,9 @@ static inline int64_t opsmith_internal_layer_norm_cpu_chunks(int64_t rows) {
 OPSMITH_INTERNAL size_t opsmith_internal_layer_norm_bwd_cpu_workspace(opsmith_dtype x_dtype, int64_t rows, int64_t n,
                                                                       int with_dweight, int with_dbias);
 
-/* The CUDA kernel family ("resident" or "generic") a contiguous,
- * aligned call of this shape takes on the current device; for tests. CUDA
- * builds only. */
+/* The CUDA kernel family ("resident", "warp": resident with a warp a row,
+ * "staged" or "generic") a contiguous, aligned call of this shape takes on
+ * the current device; for tests. CUDA builds only. */
 OPSMITH_INTERNAL const char *opsmith_internal_layer_norm_cuda_plan(opsmith_dtype x_dtype, opsmith_dtype weight_dtype,
                                                                    int64_t rows, int64_t n, int backward);
 

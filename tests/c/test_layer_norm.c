@@ -730,6 +730,14 @@ static int ln_cases(opsmith_dtype xd, opsmith_dtype wd, ln_case *out)
         {xd, wd, 140, 40000, 1, 1, 1, 0, 0, 0, 0, 0, 1e-5},
         {xd, wd, 13000, 512, 1, 1, 1, 8, 16, 0, 0, 0, 1e-5},
         {xd, wd, 1000, 4096, 1, 1, 1, 0, 0, 0, 0, 0, 1e-5},
+        /* warp rows (forward) and the staged backward at small widths: one
+         * pack a row, a few, a ragged last pack per lane, a mixed-dtype size */
+        {xd, wd, 300, 8, 1, 1, 1, 0, 0, 0, 0, 0, 1e-5},
+        {xd, wd, 300, 24, 1, 1, 1, 0, 0, 0, 0, 0, 1e-5},
+        {xd, wd, 300, 512, 1, 1, 1, 0, 0, 0, 0, 0, 1e-5},
+        {xd, wd, 290, 1000, 0, 1, 1, 0, 0, 0, 0, 0, 1e-5},
+        /* the staged backward split over a cluster (2 CTAs bf16/f16, 4 f32, 8 f64) */
+        {xd, wd, 280, 24576, 1, 1, 1, 0, 0, 0, 0, 0, 1e-5},
     };
     for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++)
         /* the largest shapes for the same-dtype pairs only: keeps the run short */
@@ -760,10 +768,25 @@ static void ln_cuda_plans(void)
         {OPSMITH_DTYPE_BF16, OPSMITH_DTYPE_BF16, 3, 4096, 0, "resident"},
         {OPSMITH_DTYPE_BF16, OPSMITH_DTYPE_F32, 3, 4096, 1, "resident"},
         {OPSMITH_DTYPE_BF16, OPSMITH_DTYPE_BF16, 2000, 4096, 0, "resident"},
-        {OPSMITH_DTYPE_BF16, OPSMITH_DTYPE_BF16, 13000, 512, 1, "resident"},
-        {OPSMITH_DTYPE_BF16, OPSMITH_DTYPE_F32, 1000, 4096, 1, "resident"},
-        {OPSMITH_DTYPE_F32, OPSMITH_DTYPE_F32, 140, 4096, 1, "resident"},
-        {OPSMITH_DTYPE_BF16, OPSMITH_DTYPE_BF16, 140, 40000, 1, "generic"},
+        {OPSMITH_DTYPE_BF16, OPSMITH_DTYPE_BF16, 300, 16384, 0, "resident"},
+        {OPSMITH_DTYPE_BF16, OPSMITH_DTYPE_BF16, 140, 32768, 0, "generic"},   /* many rows past 512 x 4 packs */
+        {OPSMITH_DTYPE_BF16, OPSMITH_DTYPE_BF16, 140, 40000, 0, "generic"},
+        {OPSMITH_DTYPE_BF16, OPSMITH_DTYPE_BF16, 13000, 512, 0, "warp"},
+        {OPSMITH_DTYPE_BF16, OPSMITH_DTYPE_BF16, 2000, 1024, 0, "warp"},
+        {OPSMITH_DTYPE_BF16, OPSMITH_DTYPE_F32, 300, 8, 0, "warp"},
+        {OPSMITH_DTYPE_F32, OPSMITH_DTYPE_F32, 2000, 1024, 0, "resident"},
+        {OPSMITH_DTYPE_BF16, OPSMITH_DTYPE_BF16, 13000, 512, 1, "staged"},
+        {OPSMITH_DTYPE_BF16, OPSMITH_DTYPE_F32, 1000, 4096, 1, "staged"},
+        {OPSMITH_DTYPE_BF16, OPSMITH_DTYPE_F32, 300, 512, 1, "staged"},
+        {OPSMITH_DTYPE_BF16, OPSMITH_DTYPE_BF16, 300, 16384, 1, "staged"},
+        {OPSMITH_DTYPE_F32, OPSMITH_DTYPE_F32, 300, 16384, 1, "staged"},    /* cluster of 2 */
+        {OPSMITH_DTYPE_BF16, OPSMITH_DTYPE_BF16, 280, 24576, 1, "staged"},  /* cluster of 2 */
+        {OPSMITH_DTYPE_F64, OPSMITH_DTYPE_F64, 280, 24576, 1, "staged"},    /* cluster of 8 */
+        {OPSMITH_DTYPE_BF16, OPSMITH_DTYPE_BF16, 140, 40000, 1, "staged"},  /* cluster of 4 */
+        {OPSMITH_DTYPE_F32, OPSMITH_DTYPE_F32, 140, 4096, 1, "resident"},   /* under 2 rows an SM */
+        {OPSMITH_DTYPE_BF16, OPSMITH_DTYPE_BF16, 140, 32768, 1, "staged"},  /* cluster of 2 */
+        {OPSMITH_DTYPE_BF16, OPSMITH_DTYPE_BF16, 3, 32768, 1, "generic"},   /* 2n sums past shared memory */
+        {OPSMITH_DTYPE_BF16, OPSMITH_DTYPE_BF16, 300, 100003, 1, "generic"},
     };
     for (size_t i = 0; i < sizeof plans / sizeof plans[0]; i++) {
         const char *got = opsmith_internal_layer_norm_cuda_plan(plans[i].xd, plans[i].wd, plans[i].rows, plans[i].n,

@@ -1,0 +1,97 @@
+/* What the row norms (rms_norm.cu, layer_norm.cu) share beyond the row
+ * machinery: the packed-path test, the block sizes their resident plans
+ * start from, and the staged backward's plan (ring depth, a CTA's slice of
+ * a row, clusters for wide rows, when it pays over the resident kernel).
+ * Header-only (templates, inline and constexpr), safe in any number of .cu
+ * files. */
+#pragma once
+
+#include <initializer_list>
+
+#include "launch_plan.cuh"
+#include "row_pipeline.cuh"
+#include "rows.cuh"
+
+namespace opsmith {
+
+/* the packed paths need every pointer 16-byte aligned and every row stride
+ * a whole number of x's packs */
+inline bool packed_ok(int64_t n, int vec, std::initializer_list<int64_t> strides,
+                      std::initializer_list<const void *> ptrs) {
+    if (n % vec != 0) return false;
+    for (int64_t s : strides)
+        if (s % vec != 0) return false;
+    for (const void *p : ptrs)
+        if (p && !aligned16(p)) return false;
+    return true;
+}
+
+/* the fewest threads a block of the resident throughput plans keeps */
+constexpr int kFwdMinThreads = 64, kBwdMinThreads = 128;
+
+/* Staged backward: rows streamed through a ring of kStages row stages in
+ * shared memory, filled by cp.async kStages - 1 rows ahead. */
+constexpr int kStages = 3;
+
+/* Shifts the row pointers to this CTA's slice and names its rows: cluster
+ * c of the grid takes rows c, c + clusters, ... */
+template <int CTAS> struct Slice {
+    int64_t steps, col0, first, stride;
+    int rank;
+    __device__ Slice(int64_t n, int S) {
+        rank = cluster_rank<CTAS>();
+        steps = n / CTAS / S;
+        col0 = rank * (n / CTAS);
+        first = blockIdx.x / CTAS;
+        stride = gridDim.x / CTAS;
+    }
+};
+
+/* Staged plan for packed rows of n elements of T, `units` 16-byte slots a
+ * pack of x streamed a row (x and dy: 2, or 3 when dy is twice as wide as
+ * x). A CTA's slice of a row is at most 2 x kSliceBytes over all units, so
+ * kStages stages of it fit in one SM's shared memory (192 KB at the largest
+ * slice); wider rows are split over a cluster of 2, 4 or 8 CTAs (sm_90). */
+constexpr size_t kSliceBytes = 32 << 10;
+
+constexpr int kStagedMinThreads = 64;
+constexpr int64_t kStagedMinRowsPerBlock = 4;
+
+template <typename T> Launch staged_plan(int64_t n, int units, int *iters, int *ctas) {
+    Launch l{nullptr, 0, 0, 0, 0, "staged"};
+    DeviceInfo d;
+    int device;
+    const int64_t vec = Pack<T>::VEC;
+    const size_t row_bytes = (size_t)n * sizeof(T) * units, budget = 2 * kSliceBytes;
+    int c = 1;
+    while (row_bytes > budget * c && c < 8) c *= 2;
+    if (row_bytes > budget * c || n % (c * vec) != 0 || !device_info(&d, &device) || (c > 1 && d.major < 9))
+        return l;
+    const Resident plan = resident_plan(n / c / vec, kStagedMinThreads, false, 4);
+    if (!plan.iters || (c > 1 && plan.iters != 4)) return l;
+    *iters = plan.iters;
+    *ctas = c;
+    l.threads = plan.threads;
+    l.ctas = c;
+    l.smem = (size_t)kStages * units * plan.iters * plan.threads * sizeof(Pack<T>); /* the RowRing */
+    return l;
+}
+
+/* The staged launch l (grid from fit_grid) when it pays for `rows` rows on
+ * `sms` SMs, else grid == 0 (the caller takes the resident kernel). At least
+ * kStagedMinRowsPerBlock rows a block (or cluster) while the grid still
+ * covers every SM: each block writes a weight-gradient partial row of n
+ * floats, which at one or two rows a block costs more traffic than the rows
+ * themselves (rms_norm 1024 x 4096 bf16: 28.4 -> 26.1 us; large shapes
+ * unchanged). Just over one row an SM, the ring has nothing to overlap and
+ * the resident kernel is faster (rms_norm 140 x 4096: 17.3 against 19.2 us). */
+inline Launch keep_staged(Launch l, int64_t rows, int sms) {
+    int64_t cap = (rows + kStagedMinRowsPerBlock - 1) / kStagedMinRowsPerBlock;
+    if (cap < sms) cap = sms;
+    if (l.grid && l.grid / l.ctas > cap) l.grid = cap * l.ctas;
+    if (l.grid && (l.ctas > 1 || rows >= 2 * (int64_t)sms)) return l;
+    l.grid = 0;
+    return l;
+}
+
+} // namespace opsmith
