@@ -191,7 +191,7 @@ def test_inplace_refuses_autograd(device):
 
 
 def test_module_and_state_dict(device):
-    m = opsmith.nn.FusedAddRMSNorm(64, eps=1e-5, offset=1.0, casting_mode="gemma").to(device)
+    m = opsmith.nn.FusedAddRMSNorm(64, eps=EPS, offset=1.0, casting_mode="gemma").to(device)
     assert list(m.state_dict()) == ["weight"] and torch.equal(m.weight, torch.zeros(64, device=device))
     hf_like = {"weight": rand(64, device=device)}
     m.load_state_dict(hf_like)
