@@ -5,7 +5,9 @@
  * accumulate type (convert_block.h), so one body serves every dtype mix and
  * its loops vectorize. Every block is read before the same block of the
  * output is written, so y = x and dx = dy (in place) compute what they
- * would apart. */
+ * would apart. With a residual (csrc/cpu/fused_add_rms_norm.c) the
+ * forward first stores h = x + residual and normalises h, and the backward
+ * adds dh to dx: the same loops. */
 #include <math.h>
 
 #include "cpu_rows.h"
@@ -15,23 +17,8 @@
 /* 8 lanes (cpu_rows.h: row sums in fixed lanes) */
 #define LANES 8
 
-typedef struct fwd_args {
-    opsmith_dtype xd, wd, yd;
-    int64_t rows, n, xs, ys;
-    const void *x, *w;
-    void *y, *inv_rms;
-    double offset, eps;
-    int llama;
-} fwd_args;
-
-typedef struct bwd_args {
-    opsmith_dtype xd, wd, gd; /* gd: dy's dtype */
-    int64_t rows, n, dys, xs, dxs;
-    const void *dy, *x, *w, *inv_rms;
-    void *dx;
-    double offset;
-    int llama;
-} bwd_args;
+typedef opsmith_internal_rms_norm_cpu_fwd fwd_args;
+typedef opsmith_internal_rms_norm_cpu_bwd bwd_args;
 
 /* One body per accumulate type ACC (float, double), stamped from a macro:
  * the widen/narrow helpers of convert_block.h named by SUFFIX. */
@@ -56,16 +43,28 @@ typedef struct bwd_args {
         for (int64_t r = r0; r < r1; r++) {                                                       \
             const char *xr = (const char *)a->x + r * a->xs * (int64_t)opsmith_dtype_size(a->xd); \
             char *yr = (char *)a->y + r * a->ys * (int64_t)opsmith_dtype_size(a->yd);             \
+            char *hr = a->res ? (char *)a->h + r * a->hs * (int64_t)opsmith_dtype_size(a->xd) : NULL;\
             ACC blocks[LANES] = {0};                                                              \
             for (int64_t b0 = 0, nb = 0; b0 < a->n; b0 += BLOCK, nb++) {                          \
                 const int64_t len = a->n - b0 < BLOCK ? a->n - b0 : BLOCK;                        \
                 const ACC *xb = opsmith_widen_##SUFFIX(a->xd, xr, b0, len, xbuf);                 \
+                if (hr) {                                                                         \
+                    /* h = x + res stored in x's dtype, then read back: the norm   */             \
+                    /* sees h rounded, as after a separate add (h may be x or res) */             \
+                    const char *rr = (const char *)a->res + r * a->rs * (int64_t)opsmith_dtype_size(a->xd);\
+                    const ACC *rb = opsmith_widen_##SUFFIX(a->xd, rr, b0, len, wbuf);             \
+                    ACC *hb = opsmith_out_##SUFFIX(a->xd, hr, b0, obuf);                          \
+                    for (int64_t i = 0; i < len; i++) hb[i] = xb[i] + rb[i];                      \
+                    opsmith_narrow_##SUFFIX(a->xd, hb, hr, b0, len);                              \
+                    xb = opsmith_widen_##SUFFIX(a->xd, hr, b0, len, xbuf);                        \
+                }                                                                                 \
                 ACC lanes[LANES] = {0};                                                           \
                 add_products_##SUFFIX(lanes, xb, xb, len);                                        \
                 blocks[nb % LANES] += sum_lanes_##SUFFIX(lanes);                                  \
             }                                                                                     \
             const ACC inv = (ACC)1 / sqrt(sum_lanes_##SUFFIX(blocks) / (ACC)a->n + eps);          \
             ((ACC *)a->inv_rms)[r] = inv;                                                         \
+            if (hr) xr = hr; /* the second pass normalises h */                                   \
             for (int64_t b0 = 0; b0 < a->n; b0 += BLOCK) {                                        \
                 const int64_t len = a->n - b0 < BLOCK ? a->n - b0 : BLOCK;                        \
                 const ACC *xb = opsmith_widen_##SUFFIX(a->xd, xr, b0, len, xbuf);                 \
@@ -124,6 +123,14 @@ typedef struct bwd_args {
                 const ACC *sb = scaled_##SUFFIX(gb, wb, offset, len, sbuf);                       \
                 ACC *ob = opsmith_out_##SUFFIX(a->xd, dxr, b0, obuf);                             \
                 for (int64_t i = 0; i < len; i++) ob[i] = inv * sb[i] - xb[i] * scale;            \
+                if (a->dh) {                                                                      \
+                    /* the norm's dx rounded to x's dtype, then + dh: how autograd */             \
+                    /* sums the two gradients of h (gbuf is free again here)      */              \
+                    const char *dhr = (const char *)a->dh + r * a->dhs * (int64_t)opsmith_dtype_size(a->xd);\
+                    opsmith_round_##SUFFIX(a->xd, ob, len);                                       \
+                    const ACC *db = opsmith_widen_##SUFFIX(a->xd, dhr, b0, len, gbuf);            \
+                    for (int64_t i = 0; i < len; i++) ob[i] += db[i];                             \
+                }                                                                                 \
                 opsmith_narrow_##SUFFIX(a->xd, ob, dxr, b0, len);                                 \
             }                                                                                     \
         }                                                                                         \
@@ -157,11 +164,15 @@ opsmith_status opsmith_rms_norm_ex_fwd_cpu(opsmith_dtype x_dtype, opsmith_dtype 
                                                        y_row_stride, inv_rms, NULL);
     if (s != OPSMITH_STATUS_SUCCESS || rows == 0) return s;
     const fwd_args a = {x_dtype, weight_dtype, y_dtype, rows, n, x_row_stride, y_row_stride, x, weight, y, inv_rms,
-                        offset, eps, casting == OPSMITH_RMS_NORM_CASTING_LLAMA};
-    const int t = opsmith_internal_threads_for(rows * n);
-#pragma omp parallel for schedule(static) num_threads(t)
-    for (int64_t r = 0; r < rows; r++) fwd_rows(&a, r, r + 1);
+                        offset, eps, casting == OPSMITH_RMS_NORM_CASTING_LLAMA, NULL, 0, NULL, 0};
+    opsmith_internal_rms_norm_cpu_fwd_run(&a);
     return OPSMITH_STATUS_SUCCESS;
+}
+
+void opsmith_internal_rms_norm_cpu_fwd_run(const fwd_args *a) {
+    const int t = opsmith_internal_threads_for(a->rows * a->n);
+#pragma omp parallel for schedule(static) num_threads(t)
+    for (int64_t r = 0; r < a->rows; r++) fwd_rows(a, r, r + 1);
 }
 
 size_t opsmith_rms_norm_ex_bwd_cpu_workspace_size(opsmith_dtype x_dtype, opsmith_dtype weight_dtype,
@@ -198,28 +209,33 @@ opsmith_status opsmith_rms_norm_ex_bwd_cpu(opsmith_dtype x_dtype, opsmith_dtype 
                                          opsmith_internal_rms_norm_bwd_cpu_workspace(x_dtype, rows, n, dw != NULL));
     if (s != OPSMITH_STATUS_SUCCESS) return s;
     const bwd_args a = {x_dtype, weight_dtype, dy_dtype, rows, n, dy_row_stride, x_row_stride, dx_row_stride,
-                        dy, x, weight, inv_rms, dx, offset, casting == OPSMITH_RMS_NORM_CASTING_LLAMA};
+                        dy, x, weight, inv_rms, dx, offset, casting == OPSMITH_RMS_NORM_CASTING_LLAMA, NULL, 0};
+    opsmith_internal_rms_norm_cpu_bwd_run(&a, dw, workspace);
+    return OPSMITH_STATUS_SUCCESS;
+}
+
+void opsmith_internal_rms_norm_cpu_bwd_run(const bwd_args *a, void *dw, void *workspace) {
+    const int64_t rows = a->rows, n = a->n;
     const int t = opsmith_internal_threads_for(rows * n);
     if (!dw) {
 #pragma omp parallel for schedule(static) num_threads(t)
-        for (int64_t r = 0; r < rows; r++) bwd_rows(&a, r, r + 1, NULL);
-        return OPSMITH_STATUS_SUCCESS;
+        for (int64_t r = 0; r < rows; r++) bwd_rows(a, r, r + 1, NULL);
+        return;
     }
     /* dweight: each of a fixed number of row chunks sums into its own
      * workspace row, then the chunk rows are added in order, so the bits do
      * not depend on the thread count */
     const int64_t chunks = rows < OPSMITH_RMS_NORM_CPU_DWEIGHT_CHUNKS ? rows : OPSMITH_RMS_NORM_CPU_DWEIGHT_CHUNKS;
-    const size_t acc = opsmith_dtype_size(opsmith_dtype_accumulate(x_dtype));
+    const size_t acc = opsmith_dtype_size(opsmith_dtype_accumulate(a->xd));
 #pragma omp parallel for schedule(static) num_threads(t)
     for (int64_t c = 0; c < chunks; c++) {
         char *pc = (char *)workspace + (size_t)(c * n) * acc;
         memset(pc, 0, (size_t)n * acc);
-        bwd_rows(&a, rows * c / chunks, rows * (c + 1) / chunks, pc);
+        bwd_rows(a, rows * c / chunks, rows * (c + 1) / chunks, pc);
     }
     void *outs[1] = {dw};
     const void *parts[1] = {workspace};
-    opsmith_cpu_sum_chunks(x_dtype, weight_dtype, 1, outs, parts, chunks, n, opsmith_internal_threads_for(chunks * n));
-    return OPSMITH_STATUS_SUCCESS;
+    opsmith_cpu_sum_chunks(a->xd, a->wd, 1, outs, parts, chunks, n, opsmith_internal_threads_for(chunks * n));
 }
 
 /* --- the one-dtype launchers ------------------------------------------------------ */

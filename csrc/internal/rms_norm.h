@@ -31,6 +31,42 @@ OPSMITH_INTERNAL opsmith_status opsmith_internal_rms_norm_check(
 OPSMITH_INTERNAL size_t opsmith_internal_rms_norm_bwd_cpu_workspace(opsmith_dtype x_dtype, int64_t rows, int64_t n,
                                                                     int with_dweight);
 
+/* The CPU kernels' arguments and row loops (csrc/cpu/rms_norm.c), shared
+ * with the residual-add op: with `res` set, the forward first stores
+ * h = round_x(x + res) (row stride hs) and normalises h; with `dh` set, the
+ * backward adds dh to dx rounded to x's dtype. Arguments already checked. */
+typedef struct opsmith_internal_rms_norm_cpu_fwd {
+    opsmith_dtype xd, wd, yd;
+    int64_t rows, n, xs, ys;
+    const void *x, *w;
+    void *y, *inv_rms;
+    double offset, eps;
+    int llama;
+    const void *res; /* NULL: plain RMSNorm */
+    int64_t rs;
+    void *h;
+    int64_t hs;
+} opsmith_internal_rms_norm_cpu_fwd;
+
+typedef struct opsmith_internal_rms_norm_cpu_bwd {
+    opsmith_dtype xd, wd, gd; /* gd: dy's dtype */
+    int64_t rows, n, dys, xs, dxs;
+    const void *dy, *x, *w, *inv_rms;
+    void *dx;
+    double offset;
+    int llama;
+    const void *dh; /* NULL: plain RMSNorm */
+    int64_t dhs;
+} opsmith_internal_rms_norm_cpu_bwd;
+
+/* The forward over every row (rows >= 1). */
+OPSMITH_INTERNAL void opsmith_internal_rms_norm_cpu_fwd_run(const opsmith_internal_rms_norm_cpu_fwd *a);
+
+/* The backward over every row (rows >= 1); dweight (NULL: none, else in
+ * a->wd) through `workspace` of opsmith_internal_rms_norm_bwd_cpu_workspace bytes. */
+OPSMITH_INTERNAL void opsmith_internal_rms_norm_cpu_bwd_run(const opsmith_internal_rms_norm_cpu_bwd *a,
+                                                            void *dweight, void *workspace);
+
 /* The CUDA kernel family ("resident", "staged", "generic") a contiguous,
  * aligned RMSNorm call of this shape takes on the current device, and the
  * CTAs that share a row (cluster size) in *ctas; for tests. CUDA builds only. */

@@ -15,6 +15,7 @@ OP_MODULES = (
     "rms_norm",
     "glu",
     "layer_norm",
+    "fused_add_rms_norm",
 )
 
 _KINDS = ("FUNCTIONS", "MODULES", "PYBIND")

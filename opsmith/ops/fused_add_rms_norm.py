@@ -1,0 +1,250 @@
+"""Residual add fused with RMSNorm, as pre-norm transformer blocks use it:
+``h = x + residual; y = rms_norm(h, weight)`` in one pass, returning (y, h).
+The functional API (route B, autograd in C++), its in-place inference form,
+the fake kernels and vmap rules of the dispatcher ops, the route A
+autograd.Function, and the nn module. The dispatcher imports this module for
+the fake kernels when the library is loaded on its own."""
+from typing import Optional, Tuple
+
+import torch
+
+from .. import _library  # noqa: F401  (loads the library: torch.ops.opsmith.* exists after this)
+from .rms_norm import CASTING_MODES, _accumulate_dtype, _default_out_dtype
+
+_fwd = torch.ops.opsmith.fused_add_rms_norm_fwd.default
+_bwd = torch.ops.opsmith.fused_add_rms_norm_bwd.default
+_inplace = torch.ops.opsmith.fused_add_rms_norm_.default
+
+
+def _check_mode(casting_mode, who="fused_add_rms_norm"):
+    if casting_mode not in CASTING_MODES:
+        raise ValueError(f"{who}: casting_mode must be 'none', 'llama' or 'gemma', got {casting_mode!r}")
+
+
+# --- route B: the functional API -------------------------------------------------
+
+def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
+                       offset: float = 0.0, casting_mode: str = "none",
+                       out_dtype: Optional[torch.dtype] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``h = x + residual`` then ``y = opsmith.rms_norm(h, weight, eps, offset=..., casting_mode=...)``,
+    in one pass; returns ``(y, h)``.
+
+    x and residual have one shape and dtype; h has that dtype (rounded once,
+    as ``x + residual`` gives), y rms_norm's output dtype (x's; with
+    ``casting_mode="llama"`` and a float32 weight, float32). weight is x's
+    dtype or float32 with 16-bit x. The backward takes the gradients of y and
+    h (either may be absent) and gives x and residual the same gradient,
+    ``rms_norm_backward(dy; h) + dh``, and the weight its own. Double backward
+    and forward-mode AD raise."""
+    _check_mode(casting_mode)
+    if out_dtype is None:
+        out_dtype = _default_out_dtype(x, weight, casting_mode)
+    y, h, _ = _fwd(x, residual, weight, eps, offset, casting_mode, out_dtype)
+    return y, h
+
+
+def fused_add_rms_norm_(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
+                        offset: float = 0.0, casting_mode: str = "none",
+                        out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """The in-place inference form of :func:`fused_add_rms_norm`, as inference
+    engines use it: h is written over ``residual`` (which must have rows
+    addressable in place) and y is returned. No autograd: with grad mode on
+    and an input that requires grad it raises (use it under
+    ``torch.no_grad()`` or ``torch.inference_mode()``)."""
+    _check_mode(casting_mode, "fused_add_rms_norm_")
+    if out_dtype is None:
+        out_dtype = _default_out_dtype(x, weight, casting_mode)
+    return _inplace(x, residual, weight, eps, offset, casting_mode, out_dtype)
+
+
+def _check_fake(x, residual, weight):
+    torch._check(x.dim() >= 1, lambda: "fused_add_rms_norm: x must have at least 1 dimension")
+    torch._check(residual.shape == x.shape, lambda: (f"fused_add_rms_norm: residual must have the shape of x "
+                                                     f"{list(x.shape)}, got {list(residual.shape)}"))
+    torch._check(weight.shape == x.shape[-1:],
+                 lambda: f"fused_add_rms_norm: weight must have shape {list(x.shape[-1:])}, got {list(weight.shape)}")
+
+
+@torch.library.register_fake("opsmith::fused_add_rms_norm_fwd")
+def _fwd_fake(x, residual, weight, eps=1e-6, offset=0.0, casting_mode="none", out_dtype=None):
+    _check_fake(x, residual, weight)
+    y = torch.empty(x.shape, dtype=out_dtype or x.dtype, device=x.device)
+    h = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    inv_rms = torch.empty(x.shape[:-1], dtype=_accumulate_dtype(x.dtype), device=x.device)
+    return y, h, inv_rms
+
+
+@torch.library.register_fake("opsmith::fused_add_rms_norm_bwd")
+def _bwd_fake(dy, dh, h, weight, inv_rms, offset=0.0, casting_mode="none"):
+    return (torch.empty(h.shape, dtype=h.dtype, device=h.device),
+            torch.empty((h.shape[-1],), dtype=weight.dtype, device=h.device))
+
+
+@torch.library.register_fake("opsmith::fused_add_rms_norm_")
+def _inplace_fake(x, residual, weight, eps=1e-6, offset=0.0, casting_mode="none", out_dtype=None):
+    _check_fake(x, residual, weight)
+    return torch.empty(x.shape, dtype=out_dtype or x.dtype, device=x.device)
+
+
+# --- vmap rules --------------------------------------------------------------------
+# Row-local, as rms_norm: a batch dim of the row tensors is more rows, so an
+# unbatched weight makes one call; a batched weight, or the backward (its
+# weight gradient is a per-example sum over rows), loops over the batch.
+
+def _front(t, bdim, batch_size):
+    if t is None:
+        return None
+    return t.movedim(bdim, 0) if bdim is not None else t.expand(batch_size, *t.shape)
+
+
+def _loop(batch_size, in_dims, op, args):
+    outs = []
+    for i in range(batch_size):
+        outs.append(op(*[a.select(d, i) if d is not None and a is not None else a
+                         for a, d in zip(args, in_dims)]))
+    return tuple(torch.stack(o) for o in zip(*outs))
+
+
+@torch.library.register_vmap("opsmith::fused_add_rms_norm_fwd")
+def _fwd_vmap(info, in_dims, x, residual, weight, eps=1e-6, offset=0.0, casting_mode="none", out_dtype=None):
+    x_bdim, r_bdim, w_bdim = in_dims[:3]
+    torch._check(x.dim() >= 2 if x_bdim is not None else True,
+                 lambda: "fused_add_rms_norm: x must have at least 1 dimension, got a 0-dim tensor")
+
+    def op(a, b, c):
+        return _fwd(a, b, c, eps, offset, casting_mode, out_dtype)
+
+    b = info.batch_size
+    if w_bdim is None:
+        out = op(_front(x, x_bdim, b), _front(residual, r_bdim, b), weight)
+    else:
+        out = _loop(b, (x_bdim, r_bdim, w_bdim), op, (x, residual, weight))
+    return tuple(out), (0, 0, 0)
+
+
+@torch.library.register_vmap("opsmith::fused_add_rms_norm_bwd")
+def _bwd_vmap(info, in_dims, dy, dh, h, weight, inv_rms, offset=0.0, casting_mode="none"):
+    out = _loop(info.batch_size, in_dims[:5],
+                lambda a, b, c, d, e: _bwd(a, b, c, d, e, offset, casting_mode), (dy, dh, h, weight, inv_rms))
+    return out, (0, 0)
+
+
+# --- route A: pybind11 + torch.autograd.Function -------------------------------------
+
+from . import route_a as _pybind
+
+
+class FusedAddRMSNormFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, residual, weight, eps=1e-6, offset=0.0, casting_mode="none", out_dtype=None):
+        y, h, inv_rms = _pybind().fused_add_rms_norm_fwd(x, residual, weight, eps, offset, casting_mode, out_dtype)
+        ctx.save_for_backward(h, weight, inv_rms)
+        ctx.options = (offset, casting_mode)
+        return y, h
+
+    @staticmethod
+    def backward(ctx, dy, dh):
+        if torch.is_grad_enabled() and not any(g is not None and g.requires_grad for g in (dy, dh)):
+            # create_graph=True with constant gradients: once_differentiable
+            # looks at them only and would hand back gradients without a
+            # graph; through one that requires grad, differentiating raises
+            if dy is not None:
+                dy = dy.detach().requires_grad_()
+            elif dh is not None:
+                dh = dh.detach().requires_grad_()
+        return FusedAddRMSNormFunction._backward(ctx, dy, dh)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def _backward(ctx, dy, dh):
+        h, weight, inv_rms = ctx.saved_tensors
+        if dy is None and dh is None:
+            return None, None, None, None, None, None, None
+        if dy is None:
+            dx, dweight = dh, None
+        else:
+            dx, dweight = _pybind().fused_add_rms_norm_bwd(dy, dh, h, weight, inv_rms, *ctx.options)
+        # the same gradient for x and residual (autograd copies before accumulating into a leaf)
+        return dx, dx, dweight, None, None, None, None
+
+
+PYBIND_TRANSFORM_ERROR = ("opsmith.pybind.fused_add_rms_norm: route A does not support torch.func transforms "
+                          "(grad, vjp, jvp, vmap); use opsmith.fused_add_rms_norm")
+
+
+def fused_add_rms_norm_pybind(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
+                              offset: float = 0.0, casting_mode: str = "none",
+                              out_dtype: Optional[torch.dtype] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Route A twin of opsmith.fused_add_rms_norm (opsmith.pybind.fused_add_rms_norm):
+    same bits. First-order gradients only; not under torch.func transforms."""
+    if torch._C._are_functorch_transforms_active():
+        raise RuntimeError(PYBIND_TRANSFORM_ERROR)
+    _check_mode(casting_mode)
+    if out_dtype is None:
+        out_dtype = _default_out_dtype(x, weight, casting_mode)
+    return FusedAddRMSNormFunction.apply(x, residual, weight, eps, offset, casting_mode, out_dtype)
+
+
+def fused_add_rms_norm_pybind_(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
+                               offset: float = 0.0, casting_mode: str = "none",
+                               out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """Route A twin of opsmith.fused_add_rms_norm_ (h over residual, y returned)."""
+    _check_mode(casting_mode, "fused_add_rms_norm_")
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (x, residual, weight)):
+        raise RuntimeError("fused_add_rms_norm_: the in-place form has no autograd; call it under torch.no_grad() "
+                           "or torch.inference_mode(), or use opsmith.fused_add_rms_norm for training")
+    if out_dtype is None:
+        out_dtype = _default_out_dtype(x, weight, casting_mode)
+    y = _pybind().fused_add_rms_norm_(x, residual, weight, eps, offset, casting_mode, out_dtype)
+    if not torch.is_inference(residual):
+        torch.autograd.graph.increment_version(residual)  # the C++ write went around autograd's counter
+    return y
+
+
+# --- the nn module ---------------------------------------------------------------------
+
+class FusedAddRMSNorm(torch.nn.Module):
+    """``forward(x, residual) -> (y, h)`` with ``h = x + residual`` and
+    ``y = RMSNorm(h)``: the add and norm of a pre-norm transformer block in
+    one pass (``residual = h`` for the next block). One parameter, ``weight``
+    (state-dict key ``weight``, as Hugging Face's RMSNorm modules), starting
+    so that offset + weight = 1. ``casting_mode`` and ``offset`` as
+    opsmith.nn.RMSNorm (``"llama"``; ``offset=1.0, casting_mode="gemma"``)."""
+
+    __constants__ = ["hidden_size", "eps", "offset", "casting_mode"]
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6, *, offset: float = 0.0, casting_mode: str = "none",
+                 device=None, dtype=None) -> None:
+        super().__init__()
+        _check_mode(casting_mode, "FusedAddRMSNorm")
+        self.hidden_size = int(hidden_size)
+        self.eps = float(eps)
+        self.offset = float(offset)
+        self.casting_mode = casting_mode
+        self.weight = torch.nn.Parameter(torch.empty(self.hidden_size, device=device, dtype=dtype))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        torch.nn.init.constant_(self.weight, 1.0 - self.offset)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        if x.shape[-1:] != (self.hidden_size,):
+            raise RuntimeError(f"FusedAddRMSNorm: expected input with shape [*, {self.hidden_size}], "
+                               f"got {list(x.shape)}")
+        return fused_add_rms_norm(x, residual, self.weight, self.eps, offset=self.offset,
+                                  casting_mode=self.casting_mode)
+
+    def extra_repr(self) -> str:
+        s = f"{self.hidden_size}, eps={self.eps}"
+        if self.offset:
+            s += f", offset={self.offset}"
+        if self.casting_mode != "none":
+            s += f", casting_mode={self.casting_mode!r}"
+        return s
+
+
+# --- what this op adds to opsmith, opsmith.nn and opsmith.pybind -------------------------
+FUNCTIONS = {"fused_add_rms_norm": fused_add_rms_norm, "fused_add_rms_norm_": fused_add_rms_norm_}
+MODULES = {"FusedAddRMSNorm": FusedAddRMSNorm}
+PYBIND = {"fused_add_rms_norm": fused_add_rms_norm_pybind, "fused_add_rms_norm_": fused_add_rms_norm_pybind_,
+          "FusedAddRMSNormFunction": FusedAddRMSNormFunction}
