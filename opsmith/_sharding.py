@@ -60,12 +60,13 @@ def when_dtensor_loads(register: Callable[[], None]) -> None:
 
 
 def row_local(fwd_op, bwd_op, fwd_tensor_args: int, fwd_outputs: int, bwd_row_args, bwd_param_args,
-              bwd_outputs_row: int, bwd_outputs_param: int) -> None:
+              bwd_outputs_row: int, bwd_outputs_param: int, fwd_row_args: int = 1) -> None:
     """Registers the rules of a row-local op pair.
 
-    fwd_op(x, *params, *non-tensor args): x and its outputs (fwd_outputs of
-    them, all row-shaped) share a placement; the other fwd_tensor_args - 1
-    tensor arguments (weights) are replicated.
+    fwd_op(*rows, *params, *non-tensor args): the first fwd_row_args tensor
+    arguments (x; x and residual) and the outputs (fwd_outputs of them, all
+    row-shaped) share a placement; the other tensor arguments, up to
+    fwd_tensor_args in all (weights), are replicated.
     bwd_op(*args): the tensor arguments at bwd_row_args are row-shaped (dy,
     x, saved row statistics), those at bwd_param_args are replicated
     parameters; it returns bwd_outputs_row row-shaped gradients, then
@@ -81,12 +82,13 @@ def row_local(fwd_op, bwd_op, fwd_tensor_args: int, fwd_outputs: int, bwd_row_ar
 
         @register_sharding(fwd_op)
         def fwd_rule(x, *args, **kwargs):
-            params = args[:fwd_tensor_args - 1]
-            others = [None] * (len(args) - len(params))
-            out = [([Replicate()] * fwd_outputs, [Replicate()] + [present(p, Replicate()) for p in params] + others)]
-            for d in range(x.ndim - 1):
-                out.append(([Shard(d)] * fwd_outputs,
-                            [Shard(d)] + [present(p, Replicate()) for p in params] + others))
+            params = args[fwd_row_args - 1:fwd_tensor_args - 1]
+            others = [None] * (len(args) - (fwd_tensor_args - 1))
+            out = []
+            for d in [None] + list(range(x.ndim - 1)):
+                row = Replicate() if d is None else Shard(d)
+                out.append(([row] * fwd_outputs,
+                            [row] * fwd_row_args + [present(p, Replicate()) for p in params] + others))
             return out
 
         @register_sharding(bwd_op)

@@ -22,6 +22,13 @@ NORMS = {
 }
 if hasattr(opsmith, "layer_norm"):
     NORMS["layer_norm"] = lambda x, w: opsmith.layer_norm(x, w, w * 0.5, 1e-5)
+if hasattr(opsmith, "fused_add_rms_norm"):
+    # the residual is sin(x) (same placement as x, other values);
+    # y + 0.5 h feeds both outputs' gradients back
+    def _fused_add(x, w):
+        y, h = opsmith.fused_add_rms_norm(x, torch.sin(x), w, 1e-6)
+        return y + 0.5 * h
+    NORMS["fused_add_rms_norm"] = _fused_add
 
 
 def main():

@@ -125,7 +125,8 @@ def test_norms_on_dtensors():
     lines = [l for l in proc.stdout.splitlines() if l.startswith("{")]
     assert len(lines) == 1, proc.stdout
     results = json.loads(lines[0])
-    assert {"rms_norm/rows", "rms_norm/hidden", "rms_norm_gemma/seq", "layer_norm/rows", "layer_norm/hidden"} <= set(results)
+    assert {"rms_norm/rows", "rms_norm/hidden", "rms_norm_gemma/seq", "layer_norm/rows", "layer_norm/hidden",
+            "fused_add_rms_norm/rows", "fused_add_rms_norm/seq", "fused_add_rms_norm/hidden"} <= set(results)
     for case, r in results.items():
         assert r["max_err"] <= 1e-10, f"{case}: max error {r['max_err']}"
         if case.endswith(("/rows", "/seq")):

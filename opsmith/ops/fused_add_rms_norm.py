@@ -131,6 +131,17 @@ def _bwd_vmap(info, in_dims, dy, dh, h, weight, inv_rms, offset=0.0, casting_mod
 
 # --- route A: pybind11 + torch.autograd.Function -------------------------------------
 
+# --- tensor parallelism: DTensor sharding rules ------------------------------------
+# fused_add_rms_norm_fwd(x, residual, weight, ...) -> (y, h, inv_rms);
+# fused_add_rms_norm_bwd(dy, dh, h, weight, inv_rms, ...) -> (dx, dweight).
+# The in-place form is an inference op: it has no rule, so a DTensor there
+# fails in DTensor's dispatch with the op's name.
+from .. import _sharding  # noqa: E402
+
+_sharding.row_local(_fwd, _bwd, fwd_tensor_args=3, fwd_outputs=3, fwd_row_args=2,
+                    bwd_row_args=(0, 1, 2, 4), bwd_param_args=(3,), bwd_outputs_row=1, bwd_outputs_param=1)
+
+
 from . import route_a as _pybind
 
 
