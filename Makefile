@@ -180,9 +180,11 @@ cmake-example: build
 # #include line, the op's own headers) are given back the old timestamp:
 # they only declare the new op's functions, which no existing object uses,
 # and every new file includes them whole, so make compiles just the new C and
-# CUDA objects. The extensions are rebuilt whole (their ninja files name the
-# tree's absolute path). Then the op's C test group, its pytest file and the
-# spec-driven harnesses filtered to it. Out-of-tree: --out/--namespace into
+# CUDA objects. The extensions compile only the new op's bridge: every other
+# bridge source is the same file as here, and setup.py links this tree's
+# object for it (OPSMITH_REUSE_OBJECTS_FROM; ninja alone would compile them
+# all again, its files name the tree's absolute path). Then the op's C test
+# group, its pytest file and the spec-driven harnesses filtered to it. Out-of-tree: --out/--namespace into
 # build/new-op-standalone, built just in time by its own loader (its CUDA C
 # for sm_90 alone: the in-tree build covers every arch), its tests.
 NEW_OP_NAME := generated_op
@@ -203,7 +205,7 @@ new-op-check: build
 	$(PYTHON) -m opsmith new-op $(NEW_OP_NAME) --root $(NEW_OP_TREE) -q && \
 	touch -r $(NEW_OP_TREE)/build/new-op.ref $(NEW_OP_TREE)/include/opsmith.h \
 	    $(NEW_OP_TREE)/include/opsmith/$(NEW_OP_NAME).h $(NEW_OP_TREE)/csrc/internal/$(NEW_OP_NAME).h && \
-	$(MAKE) -C $(NEW_OP_TREE) build build/test_c PY_ENV= NVCC=$(NVCC) && \
+	OPSMITH_REUSE_OBJECTS_FROM=$(CURDIR) $(MAKE) -C $(NEW_OP_TREE) build build/test_c PY_ENV= NVCC=$(NVCC) && \
 	cd $(NEW_OP_TREE) && \
 	$(CC) -std=c11 -O2 -Wall -Wextra -Iinclude -Icsrc $(CUDA_TEST_FLAGS) tests/c/test_main.c tests/c/test_$(NEW_OP_NAME).c \
 	    build/libopsmith.a -fopenmp -lm -lstdc++ $(CUDA_LINK) -o build/test_c_$(NEW_OP_NAME) && \

@@ -25,6 +25,7 @@ torch.utils.cpp_extension supplies the compiler flags, include paths and
 libraries of whichever torch is installed, and ninja recompiles only what
 changed.
 """
+import filecmp
 import glob
 import os
 import re
@@ -139,12 +140,41 @@ class BuildRoutes(BuildExtension):
         # one object directory in the tree whoever builds (pip's editable
         # build passes a temporary one): a pip install after `make` compiles
         # nothing again
-        temp = self.build_temp
-        self.build_temp = here("build", f"temp.{self.plat_name}-{sys.implementation.cache_tag}", ext.name.replace(".", "_"))
+        temp, sources, extra = self.build_temp, ext.sources, ext.extra_objects
+        self.build_temp = object_dir(ROOT, self.plat_name, ext.name)
+        reused = reused_objects(ext, self.plat_name)
+        ext.sources = [s for s in sources if s not in reused]
+        ext.extra_objects = list(extra) + list(reused.values())
         try:
             super().build_extension(ext)
         finally:
-            self.build_temp = temp
+            self.build_temp, ext.sources, ext.extra_objects = temp, sources, extra
+
+
+def object_dir(root, plat_name, ext_name):
+    return os.path.join(root, "build", f"temp.{plat_name}-{sys.implementation.cache_tag}", ext_name.replace(".", "_"))
+
+
+def reused_objects(ext, plat_name):
+    """OPSMITH_REUSE_OBJECTS_FROM=TREE (`make new-op-check`, which builds a
+    copy of the tree with one op added): each bridge source identical to
+    TREE's, whose object TREE built after it, is linked from TREE's object
+    instead of compiled again ({source: object}). Sound only for a tree that
+    differs from TREE by added ops (the shared headers gained declarations
+    no existing source uses); at least one source is compiled."""
+    other = os.environ.get("OPSMITH_REUSE_OBJECTS_FROM")
+    if not other or os.path.abspath(other) == ROOT:
+        return {}
+    objects = object_dir(os.path.abspath(other), plat_name, ext.name)
+    reused = {}
+    for src in ext.sources:
+        theirs, obj = os.path.join(other, src), os.path.join(objects, os.path.splitext(src)[0] + ".o")
+        if (os.path.isfile(theirs) and os.path.isfile(obj) and os.path.getmtime(obj) >= os.path.getmtime(theirs)
+                and filecmp.cmp(here(src), theirs, shallow=False)):
+            reused[src] = obj
+    if len(reused) == len(ext.sources):
+        reused.pop(ext.sources[-1])
+    return reused
 
 
 class BuildPy(build_py):
