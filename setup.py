@@ -144,7 +144,8 @@ class BuildRoutes(BuildExtension):
         self.build_temp = object_dir(ROOT, self.plat_name, ext.name)
         reused = reused_objects(ext, self.plat_name)
         ext.sources = [s for s in sources if s not in reused]
-        ext.extra_objects = list(extra) + list(reused.values())
+        # before the C library archive (route A), which resolves their symbols
+        ext.extra_objects = list(reused.values()) + list(extra)
         try:
             super().build_extension(ext)
         finally:
