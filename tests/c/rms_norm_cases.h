@@ -122,4 +122,33 @@ void test_cuda_plans(void);
  * with 64 spare bytes so a deliberately misaligned pointer stays inside. */
 void *workspace_alloc(size_t bytes);
 
+/* The dtype combinations of the RMSNorm options family (opsmith_rms_norm_ex_*,
+ * opsmith_fused_add_rms_norm_*): one dtype, or a 16-bit x with a float32
+ * weight and y in x's dtype or float32. */
+typedef struct combo {
+    opsmith_dtype x, w, y;
+} combo;
+
+static const combo kCombos[] = {
+    {OPSMITH_DTYPE_F64, OPSMITH_DTYPE_F64, OPSMITH_DTYPE_F64},   {OPSMITH_DTYPE_F32, OPSMITH_DTYPE_F32, OPSMITH_DTYPE_F32},
+    {OPSMITH_DTYPE_F16, OPSMITH_DTYPE_F16, OPSMITH_DTYPE_F16},   {OPSMITH_DTYPE_BF16, OPSMITH_DTYPE_BF16, OPSMITH_DTYPE_BF16},
+    {OPSMITH_DTYPE_BF16, OPSMITH_DTYPE_F32, OPSMITH_DTYPE_BF16}, {OPSMITH_DTYPE_BF16, OPSMITH_DTYPE_F32, OPSMITH_DTYPE_F32},
+    {OPSMITH_DTYPE_F16, OPSMITH_DTYPE_F32, OPSMITH_DTYPE_F16},   {OPSMITH_DTYPE_F16, OPSMITH_DTYPE_F32, OPSMITH_DTYPE_F32},
+};
+
+/* their tolerance per dtype, relative to the output's scale */
+static inline double options_tol(opsmith_dtype dt) {
+    switch (dt) {
+    case OPSMITH_DTYPE_F64: return 1e-12;
+    case OPSMITH_DTYPE_F32: return 4e-6;
+    case OPSMITH_DTYPE_F16: return 2e-3;
+    default: return 1.6e-2;
+    }
+}
+
+/* the coarser of two dtypes' tolerances */
+static inline double options_tol2(opsmith_dtype a, opsmith_dtype b) {
+    return options_tol(a) > options_tol(b) ? options_tol(a) : options_tol(b);
+}
+
 #endif /* OPSMITH_TEST_RMS_NORM_CASES_H */

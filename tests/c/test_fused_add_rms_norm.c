@@ -14,28 +14,6 @@
 #include <cuda_runtime_api.h>
 #endif
 
-typedef struct combo {
-    opsmith_dtype x, w, y;
-} combo;
-
-static const combo kCombos[] = {
-    {OPSMITH_DTYPE_F64, OPSMITH_DTYPE_F64, OPSMITH_DTYPE_F64},   {OPSMITH_DTYPE_F32, OPSMITH_DTYPE_F32, OPSMITH_DTYPE_F32},
-    {OPSMITH_DTYPE_F16, OPSMITH_DTYPE_F16, OPSMITH_DTYPE_F16},   {OPSMITH_DTYPE_BF16, OPSMITH_DTYPE_BF16, OPSMITH_DTYPE_BF16},
-    {OPSMITH_DTYPE_BF16, OPSMITH_DTYPE_F32, OPSMITH_DTYPE_BF16}, {OPSMITH_DTYPE_BF16, OPSMITH_DTYPE_F32, OPSMITH_DTYPE_F32},
-    {OPSMITH_DTYPE_F16, OPSMITH_DTYPE_F32, OPSMITH_DTYPE_F16},   {OPSMITH_DTYPE_F16, OPSMITH_DTYPE_F32, OPSMITH_DTYPE_F32},
-};
-
-static double tol_of(opsmith_dtype dt)
-{
-    switch (dt) {
-    case OPSMITH_DTYPE_F64: return 1e-12;
-    case OPSMITH_DTYPE_F32: return 4e-6;
-    case OPSMITH_DTYPE_F16: return 2e-3;
-    default: return 1.6e-2;
-    }
-}
-
-static double tol2(opsmith_dtype a, opsmith_dtype b) { return fmax(tol_of(a), tol_of(b)); }
 
 /* a strided (rows, stride) buffer of dtype dt, random values in the first n
  * of every row, NaN between; wide = the values, contiguous (rows, n) */
@@ -167,13 +145,13 @@ static void run_case(const launch *L, int cuda, test_rng *rng)
               opsmith_last_error())) {
         /* h is x + residual rounded once to x's dtype: exactly the reference's */
         check_rows("h", name, c->x, h, h_ref, rows, n, s, 0.0);
-        check_rows("y", name, c->y, &y, y_ref, rows, n, s, tol2(c->x, c->y));
-        check_rows("inv_rms", name, acc, &inv, inv_ref, 1, rows, rows, tol_of(acc));
+        check_rows("y", name, c->y, &y, y_ref, rows, n, s, options_tol2(c->x, c->y));
+        check_rows("inv_rms", name, acc, &inv, inv_ref, 1, rows, rows, options_tol(acc));
     }
     if (CHECK(bs == OPSMITH_STATUS_SUCCESS, "%s: bwd status %s: %s", name, opsmith_status_string(bs),
               opsmith_last_error())) {
-        check_rows("dx", name, c->x, &dx, dx_ref, rows, n, s, tol2(c->x, c->y));
-        check_rows("dweight", name, c->w, &dw, dw_ref, 1, n, n, tol2(c->x, c->w));
+        check_rows("dx", name, c->x, &dx, dx_ref, rows, n, s, options_tol2(c->x, c->y));
+        check_rows("dweight", name, c->w, &dw, dw_ref, 1, n, n, options_tol2(c->x, c->w));
     }
     buf_free(&x), buf_free(&res), buf_free(&dy), buf_free(&dh), buf_free(&w);
     image_free(&y), image_free(&hbuf), image_free(&inv), image_free(&dx), image_free(&dw);

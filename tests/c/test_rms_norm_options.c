@@ -11,29 +11,6 @@
 #include <cuda_runtime_api.h>
 #endif
 
-typedef struct combo {
-    opsmith_dtype x, w, y;
-} combo;
-
-static const combo kCombos[] = {
-    {OPSMITH_DTYPE_F64, OPSMITH_DTYPE_F64, OPSMITH_DTYPE_F64},   {OPSMITH_DTYPE_F32, OPSMITH_DTYPE_F32, OPSMITH_DTYPE_F32},
-    {OPSMITH_DTYPE_F16, OPSMITH_DTYPE_F16, OPSMITH_DTYPE_F16},   {OPSMITH_DTYPE_BF16, OPSMITH_DTYPE_BF16, OPSMITH_DTYPE_BF16},
-    {OPSMITH_DTYPE_BF16, OPSMITH_DTYPE_F32, OPSMITH_DTYPE_BF16}, {OPSMITH_DTYPE_BF16, OPSMITH_DTYPE_F32, OPSMITH_DTYPE_F32},
-    {OPSMITH_DTYPE_F16, OPSMITH_DTYPE_F32, OPSMITH_DTYPE_F16},   {OPSMITH_DTYPE_F16, OPSMITH_DTYPE_F32, OPSMITH_DTYPE_F32},
-};
-
-static double tol_of(opsmith_dtype dt)
-{
-    switch (dt) {
-    case OPSMITH_DTYPE_F64: return 1e-12;
-    case OPSMITH_DTYPE_F32: return 4e-6;
-    case OPSMITH_DTYPE_F16: return 2e-3;
-    default: return 1.6e-2;
-    }
-}
-
-/* the coarser of two dtypes' tolerances */
-static double tol2(opsmith_dtype a, opsmith_dtype b) { return fmax(tol_of(a), tol_of(b)); }
 
 typedef struct buf {
     opsmith_dtype dt;
@@ -170,8 +147,8 @@ static void run_case(const launch *L, int cuda, test_rng *rng)
     }
     if (CHECK(fs == OPSMITH_STATUS_SUCCESS, "%s: fwd status %s: %s", name, opsmith_status_string(fs),
               opsmith_last_error())) {
-        check_rows("y", name, c->y, &y, y_ref, rows, n, L->ys, tol2(c->x, c->y));
-        check_rows("inv_rms", name, acc, &inv, inv_ref, 1, rows, rows, tol_of(acc));
+        check_rows("y", name, c->y, &y, y_ref, rows, n, L->ys, options_tol2(c->x, c->y));
+        check_rows("inv_rms", name, acc, &inv, inv_ref, 1, rows, rows, options_tol(acc));
     }
     if (fs == OPSMITH_STATUS_SUCCESS && L->casting == OPSMITH_RMS_NORM_CASTING_LLAMA && c->y == OPSMITH_DTYPE_F32 &&
         c->x != OPSMITH_DTYPE_F32 && L->weight) {
@@ -191,8 +168,8 @@ static void run_case(const launch *L, int cuda, test_rng *rng)
     }
     if (CHECK(bs == OPSMITH_STATUS_SUCCESS, "%s: bwd status %s: %s", name, opsmith_status_string(bs),
               opsmith_last_error())) {
-        check_rows("dx", name, c->x, &dx, dx_ref, rows, n, L->ys, tol2(c->x, c->y));
-        if (L->weight) check_rows("dweight", name, c->w, &dw, dw_ref, 1, n, n, tol2(c->x, c->w));
+        check_rows("dx", name, c->x, &dx, dx_ref, rows, n, L->ys, options_tol2(c->x, c->y));
+        if (L->weight) check_rows("dweight", name, c->w, &dw, dw_ref, 1, n, n, options_tol2(c->x, c->w));
         else CHECK(isnan(opsmith_load_as_double(c->w, img(&dw), 0)), "%s: dweight written without a weight", name);
     }
     buf_free(&x), buf_free(&dy), buf_free(&w);
