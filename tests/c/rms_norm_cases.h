@@ -4,6 +4,7 @@
 #ifndef OPSMITH_TEST_RMS_NORM_CASES_H
 #define OPSMITH_TEST_RMS_NORM_CASES_H
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -150,5 +151,44 @@ static inline double options_tol(opsmith_dtype dt) {
 static inline double options_tol2(opsmith_dtype a, opsmith_dtype b) {
     return options_tol(a) > options_tol(b) ? options_tol(a) : options_tol(b);
 }
+
+/* max |out - ref| <= tol * max(1, max|ref|) over the rows of a strided
+ * output, and the gaps between rows still NaN */
+static inline void check_rows(const char *what, const char *name, opsmith_dtype dt, const image *out,
+                              const double *ref, int64_t rows, int64_t n, int64_t stride, double tol) {
+    double worst = 0, scale = 1;
+    int gaps = 1;
+    for (int64_t i = 0; i < rows * n; i++) scale = fmax(scale, fabs(ref[i]));
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t i = 0; i < n; i++) {
+            const double got = opsmith_load_as_double(dt, img(out), r * stride + i);
+            worst = fmax(worst, isnan(got) ? INFINITY : fabs(got - ref[r * n + i]));
+        }
+        for (int64_t i = n; i < stride && r + 1 < rows; i++)
+            gaps &= isnan(opsmith_load_as_double(dt, img(out), r * stride + i));
+    }
+    CHECK(worst <= tol * scale, "%s %s: max|err| %.3g > %.3g", name, what, worst, tol * scale);
+    CHECK(gaps, "%s %s: written between rows", name, what);
+}
+
+#if TEST_CUDA
+#include <cuda_runtime_api.h>
+
+/* an image's bytes (guards included) on the device; the pointer its data
+ * starts at there (NULL for an empty image) */
+static inline void *to_device(const image *im) {
+    void *p = NULL;
+    if (!im->base) return NULL;
+    if (!CHECK(cudaMalloc(&p, im->total) == cudaSuccess, "cudaMalloc")) return NULL;
+    cudaMemcpy(p, im->base, im->total, cudaMemcpyHostToDevice);
+    return (unsigned char *)p + im->lead;
+}
+
+/* back into the image, and the device copy freed */
+static inline void from_device(image *im, void *dev) {
+    cudaMemcpy(im->base, (unsigned char *)dev - im->lead, im->total, cudaMemcpyDeviceToHost);
+    cudaFree((unsigned char *)dev - im->lead);
+}
+#endif
 
 #endif /* OPSMITH_TEST_RMS_NORM_CASES_H */

@@ -10,9 +10,6 @@
 
 #include "rms_norm_cases.h"
 
-#if TEST_CUDA
-#include <cuda_runtime_api.h>
-#endif
 
 
 /* a strided (rows, stride) buffer of dtype dt, random values in the first n
@@ -41,24 +38,6 @@ static image out_rows(opsmith_dtype dt, int64_t rows, int64_t stride)
     return image_new(GUARD, (size_t)(rows * stride) * opsmith_dtype_size(dt));
 }
 
-/* max |out - ref| <= tol * max(1, max|ref|), and the gaps between rows NaN */
-static void check_rows(const char *what, const char *name, opsmith_dtype dt, const image *out, const double *ref,
-                       int64_t rows, int64_t n, int64_t stride, double tol)
-{
-    double worst = 0, scale = 1;
-    int gaps = 1;
-    for (int64_t i = 0; i < rows * n; i++) scale = fmax(scale, fabs(ref[i]));
-    for (int64_t r = 0; r < rows; r++) {
-        for (int64_t i = 0; i < n; i++) {
-            const double got = opsmith_load_as_double(dt, img(out), r * stride + i);
-            worst = fmax(worst, isnan(got) ? INFINITY : fabs(got - ref[r * n + i]));
-        }
-        for (int64_t i = n; i < stride && r + 1 < rows; i++)
-            gaps &= isnan(opsmith_load_as_double(dt, img(out), r * stride + i));
-    }
-    CHECK(worst <= tol * scale, "%s %s: max|err| %.3g > %.3g", name, what, worst, tol * scale);
-    CHECK(gaps, "%s %s: written between rows", name, what);
-}
 
 typedef struct launch {
     const combo *c;
@@ -69,20 +48,6 @@ typedef struct launch {
     int with_dh;
 } launch;
 
-#if TEST_CUDA
-static void *to_device(const image *im)
-{
-    void *p = NULL;
-    if (!CHECK(cudaMalloc(&p, im->total) == cudaSuccess, "cudaMalloc")) return NULL;
-    cudaMemcpy(p, im->base, im->total, cudaMemcpyHostToDevice);
-    return (unsigned char *)p + im->lead;
-}
-static void from_device(image *im, void *dev)
-{
-    cudaMemcpy(im->base, (unsigned char *)dev - im->lead, im->total, cudaMemcpyDeviceToHost);
-    cudaFree((unsigned char *)dev - im->lead);
-}
-#endif
 
 /* one forward + backward on the CPU (cuda = 0) or CUDA, checked against the reference */
 static void run_case(const launch *L, int cuda, test_rng *rng)

@@ -7,9 +7,6 @@
 
 #include "rms_norm_cases.h"
 
-#if TEST_CUDA
-#include <cuda_runtime_api.h>
-#endif
 
 
 typedef struct buf {
@@ -35,25 +32,6 @@ static void buf_fill(buf *b, test_rng *rng)
 
 static void buf_free(buf *b) { image_free(&b->im), free(b->wide); }
 
-/* max |out - ref| <= tol * max(1, max|ref|) over rows of a strided output,
- * and the gaps between rows still NaN */
-static void check_rows(const char *what, const char *name, opsmith_dtype dt, const image *out, const double *ref,
-                       int64_t rows, int64_t n, int64_t stride, double tol)
-{
-    double worst = 0, scale = 1;
-    int gaps = 1;
-    for (int64_t i = 0; i < rows * n; i++) scale = fmax(scale, fabs(ref[i]));
-    for (int64_t r = 0; r < rows; r++) {
-        for (int64_t i = 0; i < n; i++) {
-            const double got = opsmith_load_as_double(dt, img(out), r * stride + i);
-            worst = fmax(worst, isnan(got) ? INFINITY : fabs(got - ref[r * n + i]));
-        }
-        for (int64_t i = n; i < stride && r + 1 < rows; i++)
-            gaps &= isnan(opsmith_load_as_double(dt, img(out), r * stride + i));
-    }
-    CHECK(worst <= tol * scale, "%s %s: max|err| %.3g > %.3g", name, what, worst, tol * scale);
-    CHECK(gaps, "%s %s: written between rows", name, what);
-}
 
 typedef struct launch {
     const combo *c;
@@ -63,21 +41,6 @@ typedef struct launch {
     int weight;
 } launch;
 
-#if TEST_CUDA
-static void *to_device(const image *im)
-{
-    void *p = NULL;
-    if (!im->base) return NULL;
-    if (!CHECK(cudaMalloc(&p, im->total) == cudaSuccess, "cudaMalloc")) return NULL;
-    cudaMemcpy(p, im->base, im->total, cudaMemcpyHostToDevice);
-    return (unsigned char *)p + im->lead;
-}
-static void from_device(image *im, void *dev)
-{
-    cudaMemcpy(im->base, (unsigned char *)dev - im->lead, im->total, cudaMemcpyDeviceToHost);
-    cudaFree((unsigned char *)dev - im->lead);
-}
-#endif
 
 /* runs one forward + backward on the CPU (cuda = 0) or CUDA and checks both */
 static void run_case(const launch *L, int cuda, test_rng *rng)
