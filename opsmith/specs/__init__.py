@@ -242,6 +242,23 @@ def randn(shape, generator, dtype, device):
 _compiled: Dict[Any, Callable] = {}
 
 
+def edited_inputs(base: Callable[..., Inputs], device, generator, edits=(), **extra) -> Inputs:
+    """A hostile input: base("cpu", generator, **extra) with (name, index,
+    value) edits made on the CPU, then moved to device."""
+    inputs = base("cpu", generator, **extra)
+    for name, index, value in edits:
+        inputs[name][index] = value
+    return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()}
+
+
+def rows_finite_except(out: torch.Tensor, bad_rows) -> None:
+    """Every row of out but bad_rows is finite: a hostile value stays in its row."""
+    out = out.detach().cpu()
+    for r in range(out.shape[0]):
+        if r not in bad_rows:
+            assert torch.isfinite(out[r]).all(), f"row {r} is not finite, yet only rows {bad_rows} are hostile"
+
+
 def compiled(key, fn):
     """torch.compile(fn, dynamic=False), once per key (benchmark providers)."""
     if key not in _compiled:

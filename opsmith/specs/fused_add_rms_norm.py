@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from ..ops.fused_add_rms_norm import FusedAddRMSNorm, fused_add_rms_norm, fused_add_rms_norm_pybind
-from . import SUPPORTED, BenchSpec, DocRow, Hostile, OpSpec, compiled, randn
+from . import SUPPORTED, BenchSpec, DocRow, Hostile, OpSpec, compiled, edited_inputs, randn, rows_finite_except
 
 _TOL = {
     torch.float64: 1e-10,
@@ -84,31 +84,22 @@ def _base(device, gen, rows=4, n=37, **extra):
 
 
 def _edited(device, gen, key, index, value, **extra):
-    inputs = _base("cpu", gen, **extra)
-    inputs[key][index] = value
-    return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()}
-
-
-def _rows_finite_except(out, bad_rows):
-    out = out.detach().cpu()
-    for r in range(out.shape[0]):
-        if r not in bad_rows:
-            assert torch.isfinite(out[r]).all(), f"row {r} is not finite, yet only rows {bad_rows} are hostile"
+    return edited_inputs(_base, device, gen, [(key, index, value)], **extra)
 
 
 def _check_nan_row(spec, inputs, out):
     y, h = out
     assert torch.isnan(y[1].detach().cpu()).all(), "a NaN in row 1 of x + residual makes all of row 1 of y NaN"
     assert torch.isnan(h[1, 5].detach().cpu()), "h keeps the NaN where it was"
-    _rows_finite_except(y, {1})
-    _rows_finite_except(h, {1})
+    rows_finite_except(y, {1})
+    rows_finite_except(h, {1})
 
 
 def _check_zero_h(spec, inputs, out):
     y, h = out
     assert torch.equal(h[2].detach().cpu(), torch.zeros_like(h[2].cpu())), "x = -residual gives h = 0"
     assert torch.equal(y[2].detach().cpu(), torch.zeros_like(y[2].cpu())), "an all-zero h row with eps > 0 gives zeros"
-    _rows_finite_except(y, set())
+    rows_finite_except(y, set())
 
 
 def _cancelling_row(device, gen):

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from ..ops.layer_norm import LayerNorm, layer_norm, layer_norm_pybind
-from . import SUPPORTED, BenchSpec, DocRow, Hostile, OpSpec, compiled, randn
+from . import SUPPORTED, BenchSpec, DocRow, Hostile, OpSpec, compiled, edited_inputs, randn, rows_finite_except
 
 _LN_TOL = {
     torch.float64: 1e-10,
@@ -83,34 +83,23 @@ def _ln_base(device, gen, rows=4, n=37, **extra):
 
 
 def _edited(device, gen, edits=(), **extra):
-    """Base inputs with (name, index, value) edits made on the CPU, then moved."""
-    inputs = _ln_base("cpu", gen, **extra)
-    for name, index, value in edits:
-        inputs[name][index] = value
-    return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()}
-
-
-def _rows_finite_except(out, bad_rows):
-    out = out.detach().cpu()
-    for r in range(out.shape[0]):
-        if r not in bad_rows:
-            assert torch.isfinite(out[r]).all(), f"row {r} is not finite, yet only rows {bad_rows} are hostile"
+    return edited_inputs(_ln_base, device, gen, edits, **extra)
 
 
 def _check_nan_row(spec, inputs, out):
     assert torch.isnan(out[1].detach().cpu()).all(), "a NaN in row 1 must make all of row 1 NaN"
-    _rows_finite_except(out, {1})
+    rows_finite_except(out, {1})
     x = inputs["x"].detach().requires_grad_()
     y = spec.call({**inputs, "x": x})
     (dx,) = torch.autograd.grad(y, [x], torch.ones_like(y))
     assert torch.isnan(dx[1].cpu()).all(), "dx of the NaN row must be NaN"
-    _rows_finite_except(dx, {1})
+    rows_finite_except(dx, {1})
 
 
 def _check_inf_rows(spec, inputs, out):
     o = out.detach().cpu()
     assert torch.isnan(o[0]).all() and torch.isnan(o[2]).all(), "a row holding ±Inf is NaN throughout"
-    _rows_finite_except(out, {0, 2})
+    rows_finite_except(out, {0, 2})
 
 
 def _check_nan_column(col):
@@ -144,7 +133,7 @@ def _check_constant_row_bias(spec, inputs, out):
 
 def _check_constant_row_nan(spec, inputs, out):
     assert torch.isnan(out[2].detach().cpu()).all(), "eps = 0 and a constant row: 0 * (1/0) = NaN across the row"
-    _rows_finite_except(out, {2})
+    rows_finite_except(out, {2})
 
 
 def _check_large_offset(spec, inputs, out):
