@@ -9,6 +9,7 @@ from typing import Optional, Tuple
 import torch
 
 from .. import _library  # noqa: F401  (loads the library: torch.ops.opsmith.* exists after this)
+from . import _vmap
 from .rms_norm import CASTING_MODES, _accumulate_dtype, _default_out_dtype
 
 _fwd = torch.ops.opsmith.fused_add_rms_norm_fwd.default
@@ -91,19 +92,6 @@ def _inplace_fake(x, residual, weight, eps=1e-6, offset=0.0, casting_mode="none"
 # unbatched weight makes one call; a batched weight, or the backward (its
 # weight gradient is a per-example sum over rows), loops over the batch.
 
-def _front(t, bdim, batch_size):
-    if t is None:
-        return None
-    return t.movedim(bdim, 0) if bdim is not None else t.expand(batch_size, *t.shape)
-
-
-def _loop(batch_size, in_dims, op, args):
-    outs = []
-    for i in range(batch_size):
-        outs.append(op(*[a.select(d, i) if d is not None and a is not None else a
-                         for a, d in zip(args, in_dims)]))
-    return tuple(torch.stack(o) for o in zip(*outs))
-
 
 @torch.library.register_vmap("opsmith::fused_add_rms_norm_fwd")
 def _fwd_vmap(info, in_dims, x, residual, weight, eps=1e-6, offset=0.0, casting_mode="none", out_dtype=None):
@@ -116,15 +104,15 @@ def _fwd_vmap(info, in_dims, x, residual, weight, eps=1e-6, offset=0.0, casting_
 
     b = info.batch_size
     if w_bdim is None:
-        out = op(_front(x, x_bdim, b), _front(residual, r_bdim, b), weight)
+        out = op(_vmap.to_front(x, x_bdim, b), _vmap.to_front(residual, r_bdim, b), weight)
     else:
-        out = _loop(b, (x_bdim, r_bdim, w_bdim), op, (x, residual, weight))
+        out = _vmap.loop(b, (x_bdim, r_bdim, w_bdim), op, (x, residual, weight))
     return tuple(out), (0, 0, 0)
 
 
 @torch.library.register_vmap("opsmith::fused_add_rms_norm_bwd")
 def _bwd_vmap(info, in_dims, dy, dh, h, weight, inv_rms, offset=0.0, casting_mode="none"):
-    out = _loop(info.batch_size, in_dims[:5],
+    out = _vmap.loop(info.batch_size, in_dims[:5],
                 lambda a, b, c, d, e: _bwd(a, b, c, d, e, offset, casting_mode), (dy, dh, h, weight, inv_rms))
     return out, (0, 0)
 

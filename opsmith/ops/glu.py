@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import _library  # noqa: F401  (loads the library: torch.ops.opsmith.* exists after this)
+from . import _vmap
 
 _glu_fwd = torch.ops.opsmith.glu_fwd.default
 _glu_bwd = torch.ops.opsmith.glu_bwd.default
@@ -84,25 +85,20 @@ def _glu_bwd_fake(dy, gate, up, activation="silu", with_h=False):
 
 # --- vmap rules: elementwise, so a batch dim is more rows ----------------------------
 
-def _to_front(t, bdim, batch_size):
-    if t is None:
-        return None
-    return t.movedim(bdim, 0) if bdim is not None else t.expand(batch_size, *t.shape)
-
 
 @torch.library.register_vmap("opsmith::glu_fwd")
 def _glu_fwd_vmap(info, in_dims, gate, up, activation="silu"):
     b = info.batch_size
     torch._check(in_dims[0] is None or gate.dim() >= 2,
                  lambda: "glu: gate must have at least 1 dimension, got a 0-dim tensor")
-    return _glu_fwd(_to_front(gate, in_dims[0], b), _to_front(up, in_dims[1], b), activation), 0
+    return _glu_fwd(_vmap.to_front(gate, in_dims[0], b), _vmap.to_front(up, in_dims[1], b), activation), 0
 
 
 @torch.library.register_vmap("opsmith::glu_bwd")
 def _glu_bwd_vmap(info, in_dims, dy, gate, up, activation="silu", with_h=False):
     b = info.batch_size
-    dgate, dup, h = _glu_bwd(_to_front(dy, in_dims[0], b), _to_front(gate, in_dims[1], b),
-                             _to_front(up, in_dims[2], b), activation, with_h)
+    dgate, dup, h = _glu_bwd(_vmap.to_front(dy, in_dims[0], b), _vmap.to_front(gate, in_dims[1], b),
+                             _vmap.to_front(up, in_dims[2], b), activation, with_h)
     # the empty placeholders ([0]: no dup for the packed form, no h) are not batched
     return (dgate, dup, h), (0, 0 if up is not None else None, 0 if with_h else None)
 

@@ -8,6 +8,7 @@ from typing import List, Optional, Tuple, Union
 import torch
 
 from .. import _library, _sharding  # noqa: F401  (loads the library: torch.ops.opsmith.* exists after this)
+from . import _vmap
 
 _layer_norm_fwd = torch.ops.opsmith.layer_norm_fwd.default
 _layer_norm_bwd = torch.ops.opsmith.layer_norm_bwd.default
@@ -69,19 +70,6 @@ def _layer_norm_bwd_fake(dy, x, weight, bias, mean, rstd):
 # backward with parameter gradients (per-example sums over rows), loop over
 # the batch and stack.
 
-def _to_front(t, bdim, batch_size):
-    if t is None:
-        return None
-    return t.movedim(bdim, 0) if bdim is not None else t.expand(batch_size, *t.shape)
-
-
-def _loop(batch_size, in_dims, op, args):
-    outs = []
-    for i in range(batch_size):
-        outs.append(op(*[a.select(d, i) if d is not None and a is not None else a
-                         for a, d in zip(args, in_dims)]))
-    return tuple(torch.stack(o) for o in zip(*outs))
-
 
 @torch.library.register_vmap("opsmith::layer_norm_fwd")
 def _layer_norm_fwd_vmap(info, in_dims, x, weight, bias, eps=1e-5):
@@ -91,7 +79,7 @@ def _layer_norm_fwd_vmap(info, in_dims, x, weight, bias, eps=1e-5):
     if w_bdim is None and b_bdim is None:
         out = _layer_norm_fwd(x.movedim(x_bdim, 0), weight, bias, eps)
     else:
-        out = _loop(info.batch_size, in_dims[:3], lambda a, w, b: _layer_norm_fwd(a, w, b, eps), (x, weight, bias))
+        out = _vmap.loop(info.batch_size, in_dims[:3], lambda a, w, b: _layer_norm_fwd(a, w, b, eps), (x, weight, bias))
     return tuple(out), (0, 0, 0)
 
 
@@ -100,10 +88,10 @@ def _layer_norm_bwd_vmap(info, in_dims, dy, x, weight, bias, mean, rstd):
     dy_bdim, x_bdim, w_bdim, b_bdim, m_bdim, r_bdim = in_dims
     if weight is None and bias is None:
         b = info.batch_size
-        dx, dw, db = _layer_norm_bwd(_to_front(dy, dy_bdim, b), _to_front(x, x_bdim, b), None, None,
-                                     _to_front(mean, m_bdim, b), _to_front(rstd, r_bdim, b))
+        dx, dw, db = _layer_norm_bwd(_vmap.to_front(dy, dy_bdim, b), _vmap.to_front(x, x_bdim, b), None, None,
+                                     _vmap.to_front(mean, m_bdim, b), _vmap.to_front(rstd, r_bdim, b))
         return (dx, dw, db), (0, None, None)
-    out = _loop(info.batch_size, in_dims, _layer_norm_bwd, (dy, x, weight, bias, mean, rstd))
+    out = _vmap.loop(info.batch_size, in_dims, _layer_norm_bwd, (dy, x, weight, bias, mean, rstd))
     return out, (0, 0, 0)
 
 

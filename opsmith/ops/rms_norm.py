@@ -8,6 +8,7 @@ from typing import Optional, Tuple, Union
 import torch
 
 from .. import _library, _sharding  # noqa: F401  (loads the library: torch.ops.opsmith.* exists after this)
+from . import _vmap
 
 # the overloads themselves: calling them skips the packet's overload lookup
 _rms_norm_fwd = torch.ops.opsmith.rms_norm_fwd.default
@@ -105,19 +106,6 @@ def _rms_norm_bwd_inplace_fake(dy, x, weight, inv_rms, offset=0.0, casting_mode=
 # backward with a weight (its gradient is a per-example sum over rows), cannot
 # be one call: those loop over the batch and stack.
 
-def _to_front(t, bdim, batch_size):
-    if t is None:
-        return None
-    return t.movedim(bdim, 0) if bdim is not None else t.expand(batch_size, *t.shape)
-
-
-def _loop(batch_size, in_dims, op, args):
-    outs = []
-    for i in range(batch_size):
-        outs.append(op(*[a.select(d, i) if d is not None and a is not None else a
-                         for a, d in zip(args, in_dims)]))
-    return tuple(torch.stack(o) for o in zip(*outs))
-
 
 def _check_example_rank(x, bdim):
     # the op's own check, on one example (vmap hides the batch dim from it)
@@ -137,7 +125,7 @@ def _rms_norm_fwd_vmap(info, in_dims, x, weight, eps=None, offset=0.0, casting_m
     if w_bdim is None:
         y, inv_rms = op(x.movedim(x_bdim, 0), weight)
     else:
-        y, inv_rms = _loop(info.batch_size, (x_bdim, w_bdim), op, (x, weight))
+        y, inv_rms = _vmap.loop(info.batch_size, (x_bdim, w_bdim), op, (x, weight))
     return (y, inv_rms), (0, 0)
 
 
@@ -146,10 +134,10 @@ def _rms_norm_bwd_vmap(info, in_dims, dy, x, weight, inv_rms, offset=0.0, castin
     dy_bdim, x_bdim, w_bdim, inv_bdim = in_dims[:4]
     if weight is None:
         b = info.batch_size
-        dx, dweight = _rms_norm_bwd(_to_front(dy, dy_bdim, b), _to_front(x, x_bdim, b), None,
-                                    _to_front(inv_rms, inv_bdim, b), offset, casting_mode)
+        dx, dweight = _rms_norm_bwd(_vmap.to_front(dy, dy_bdim, b), _vmap.to_front(x, x_bdim, b), None,
+                                    _vmap.to_front(inv_rms, inv_bdim, b), offset, casting_mode)
         return (dx, dweight), (0, None)
-    out = _loop(info.batch_size, (dy_bdim, x_bdim, w_bdim, inv_bdim),
+    out = _vmap.loop(info.batch_size, (dy_bdim, x_bdim, w_bdim, inv_bdim),
                 lambda a, b, c, d: _rms_norm_bwd(a, b, c, d, offset, casting_mode), (dy, x, weight, inv_rms))
     return out, (0, 0)
 
