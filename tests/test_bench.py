@@ -83,3 +83,19 @@ def test_readme_section_is_replaced_between_markers(tmp_path):
     assert "old table" not in text and "65536x512" in text
     assert text.startswith("before\n") and text.endswith(f"{bench.README_END}\nafter\n")
     assert "65536x512" in (results_dir / "table.md").read_text()  # full table regenerated too
+
+
+def test_readme_takes_one_table_per_results_dir(tmp_path):
+    dirs = []
+    for name, shape in (("a", 65536), ("b", 1024)):
+        d = tmp_path / name
+        d.mkdir()
+        d.joinpath("results.json").write_text(json.dumps(_results([_row("fwd", "bfloat16", shape, 512, "opsmith", 1.0)])))
+        dirs.append(str(d))
+    readme = tmp_path / "README.md"
+    readme.write_text(f"{bench.README_BEGIN}\nold\n{bench.README_END}\n")
+    bench.write_readme_table(dirs, str(readme))
+    text = readme.read_text()
+    assert "old" not in text and "65536x512" in text and "1024x512" in text
+    assert text.index(dirs[0]) < text.index(dirs[1])
+    assert text.count(bench.README_BEGIN) == 1 and text.count(bench.README_END) == 1

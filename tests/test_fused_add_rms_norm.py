@@ -34,6 +34,21 @@ def ulps(got, want):
     return ((g - w).abs() / spacing).max().item()
 
 
+def row_ulps(got, want):
+    """max distance in units of the last place of each row's largest |want|.
+    A gradient is a difference of terms of the row's scale (dy * w against
+    x_hat times a row sum, plus dh): where it cancels to near zero, a 1-ulp
+    change in the row sum (another CUDA plan, another summation order) is
+    many ulps of the small result but never more than a few of the row."""
+    assert got.dtype == want.dtype and got.shape == want.shape
+    g, w = got.double(), want.double()
+    scale = w.abs().amax(dim=-1, keepdim=True).clamp_min(torch.finfo(want.dtype).tiny)
+    return ((g - w).abs() / (torch.finfo(want.dtype).eps * scale)).max().item()
+
+
+GRAD_ROW_ULPS = 4  # the gradients on CUDA against the unfused op (CPU: the same bits)
+
+
 def assert_close(got, want, tol, what):
     got, want = got.detach().double().cpu(), want.detach().double().cpu()
     err = (got - want).abs().max().item()
@@ -81,8 +96,10 @@ def test_matches_unfused(device, x_dtype, w_dtype, casting_mode, offset, shape):
         assert y.dtype == y_u.dtype and h.dtype == x_dtype and gx.dtype == x_dtype and gw.dtype == w_dtype
         assert torch.equal(h, h_u), "h must be x + residual rounded once, as PyTorch's add"
         assert torch.equal(gx, gr), "x and residual get the same gradient"
-        for name, got, want in (("y", y, y_u), ("dx", gx, gx_u), ("dresidual", gr, gr_u)):
-            assert ulps(got, want) <= 1, f"{fn.__name__} {name}: {ulps(got, want)} ulps from the unfused op"
+        assert ulps(y, y_u) <= 1, f"{fn.__name__} y: {ulps(y, y_u)} ulps from the unfused op"
+        for name, got, want in (("dx", gx, gx_u), ("dresidual", gr, gr_u)):
+            err = row_ulps(got, want)
+            assert err <= GRAD_ROW_ULPS, f"{fn.__name__} {name}: {err} row ulps from the unfused op"
         assert_close(gw, gw_u, TOL[x_dtype], f"{fn.__name__} dweight")
         if device == "cpu":
             # the same row loops as rms_norm's: the same bits
@@ -129,7 +146,9 @@ def test_backward_one_gradient(device, which):
     for fn in (opsmith.fused_add_rms_norm, fused_add_rms_norm_pybind):
         y, h, gx, gr, gw = fused(fn, x, r, w, 0.0, "none", dys)
         _, _, gx_u, gr_u, gw_u = unfused(x, r, w, 0.0, "none", dys)
-        assert torch.equal(gx, gr) and ulps(gx, gx_u) <= 1
+        assert torch.equal(gx, gr) and row_ulps(gx, gx_u) <= GRAD_ROW_ULPS
+        if device == "cpu":
+            assert torch.equal(gx, gx_u)
         if which == "dh":
             assert torch.equal(gx, dh), "only h's gradient: it passes through unchanged"
             assert gw is None or torch.equal(gw, torch.zeros_like(gw))
@@ -293,5 +312,5 @@ def test_cuda_kernel_families():
         y, h, gx, _, gw = fused(opsmith.fused_add_rms_norm, x, r, w, 0.0, "none", dys)
         y_u, h_u, gx_u, _, gw_u = unfused(x, r, w, 0.0, "none", dys)
         assert torch.equal(h, h_u), (rows, n)
-        assert ulps(y, y_u) <= 1 and ulps(gx, gx_u) <= 1, (rows, n)
+        assert ulps(y, y_u) <= 1 and row_ulps(gx, gx_u) <= GRAD_ROW_ULPS, (rows, n)
         assert_close(gw, gw_u, TOL[torch.bfloat16], f"dweight {rows}x{n}")
