@@ -5,6 +5,7 @@
 // torch.func.grad / vjp work, which refuse a C++ autograd.Function.
 #pragma once
 
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/basic_ops.h>
 #include <torch/csrc/autograd/functions/utils.h>
@@ -12,11 +13,22 @@
 
 #include <optional>
 #include <string>
+#include <type_traits>
 
 namespace opsmith {
 
 using torch::autograd::SavedVariable;
 using torch::autograd::variable_list;
+
+// The dispatcher's handle of the op `name` whose C++ signature is Fn's (the
+// Autograd kernels call the op below the Autograd key through it, so the
+// backend kernel for the inputs' device runs), looked up once. Keyed by the
+// function itself: two ops of the same signature get their own handles.
+template <auto &Fn> const auto &dispatcher_op(const char *name) {
+    static const auto op =
+        c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<std::remove_reference_t<decltype(Fn)>>();
+    return op;
+}
 
 // Forward-mode AD (torch.func.jvp, torch.autograd.forward_ad) needs a
 // forward derivative; an op without one refuses dual inputs clearly rather

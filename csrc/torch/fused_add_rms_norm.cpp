@@ -258,22 +258,9 @@ constexpr const char *kNotTwice =
     "fused_add_rms_norm: double backward is not supported (the backward of fused_add_rms_norm is not "
     "differentiable); compute higher-order gradients with x + residual and torch.nn.functional.rms_norm";
 
-template <typename Fn> auto find_op(const char *name) {
-    return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Fn>();
-}
-
-auto &fwd_op() {
-    static auto op = find_op<decltype(fused_add_rms_norm_fwd)>("opsmith::fused_add_rms_norm_fwd");
-    return op;
-}
-auto &bwd_op() {
-    static auto op = find_op<decltype(fused_add_rms_norm_bwd)>("opsmith::fused_add_rms_norm_bwd");
-    return op;
-}
-auto &inplace_op() {
-    static auto op = find_op<decltype(fused_add_rms_norm_)>("opsmith::fused_add_rms_norm_");
-    return op;
-}
+const auto &fwd_op() { return dispatcher_op<fused_add_rms_norm_fwd>("opsmith::fused_add_rms_norm_fwd"); }
+const auto &bwd_op() { return dispatcher_op<fused_add_rms_norm_bwd>("opsmith::fused_add_rms_norm_bwd"); }
+const auto &inplace_op() { return dispatcher_op<fused_add_rms_norm_>("opsmith::fused_add_rms_norm_"); }
 
 // grad_fn of y and h: dx = dresidual and dweight from the saved h (an
 // output of this node), weight and inv_rms.

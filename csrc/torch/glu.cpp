@@ -201,17 +201,8 @@ std::string not_twice(const std::string &activation) {
            (activation == "silu" ? "silu(gate) * up" : "gelu(gate) * up");
 }
 
-auto &glu_fwd_op() {
-    static auto op =
-        c10::Dispatcher::singleton().findSchemaOrThrow("opsmith::glu_fwd", "").typed<decltype(glu_fwd)>();
-    return op;
-}
-
-auto &glu_bwd_op() {
-    static auto op =
-        c10::Dispatcher::singleton().findSchemaOrThrow("opsmith::glu_bwd", "").typed<decltype(glu_bwd)>();
-    return op;
-}
+const auto &glu_fwd_op() { return dispatcher_op<glu_fwd>("opsmith::glu_fwd"); }
+const auto &glu_bwd_op() { return dispatcher_op<glu_bwd>("opsmith::glu_bwd"); }
 
 // grad_fn of y: dgate and dup (or the one packed gradient) from the saved gate and up.
 struct GLUBackward : public torch::autograd::Node {

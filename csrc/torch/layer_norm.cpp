@@ -199,20 +199,8 @@ constexpr const char *kNotTwice =
     "layer_norm: double backward is not supported (the backward of layer_norm is not differentiable); "
     "compute higher-order gradients with torch.nn.functional.layer_norm";
 
-using FwdFn = decltype(layer_norm_fwd);
-using BwdFn = decltype(layer_norm_bwd);
-
-auto &layer_norm_fwd_op() {
-    static auto op =
-        c10::Dispatcher::singleton().findSchemaOrThrow("opsmith::layer_norm_fwd", "").typed<FwdFn>();
-    return op;
-}
-
-auto &layer_norm_bwd_op() {
-    static auto op =
-        c10::Dispatcher::singleton().findSchemaOrThrow("opsmith::layer_norm_bwd", "").typed<BwdFn>();
-    return op;
-}
+const auto &layer_norm_fwd_op() { return dispatcher_op<layer_norm_fwd>("opsmith::layer_norm_fwd"); }
+const auto &layer_norm_bwd_op() { return dispatcher_op<layer_norm_bwd>("opsmith::layer_norm_bwd"); }
 
 std::optional<at::Tensor> unpack_optional(bool present, SavedVariable &v) {
     return present ? std::optional<at::Tensor>(v.unpack()) : std::nullopt;

@@ -259,22 +259,9 @@ constexpr const char *kNotTwice =
     "rms_norm: double backward is not supported (the backward of rms_norm is not differentiable); "
     "compute higher-order gradients with torch.nn.functional.rms_norm";
 
-template <typename Fn> auto find_op(const char *name) {
-    return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Fn>();
-}
-
-auto &rms_norm_fwd_op() {
-    static auto op = find_op<decltype(rms_norm_fwd)>("opsmith::rms_norm_fwd");
-    return op;
-}
-auto &rms_norm_bwd_op() {
-    static auto op = find_op<decltype(rms_norm_bwd)>("opsmith::rms_norm_bwd");
-    return op;
-}
-auto &rms_norm_bwd_inplace_op() {
-    static auto op = find_op<decltype(rms_norm_bwd_)>("opsmith::rms_norm_bwd_");
-    return op;
-}
+const auto &rms_norm_fwd_op() { return dispatcher_op<rms_norm_fwd>("opsmith::rms_norm_fwd"); }
+const auto &rms_norm_bwd_op() { return dispatcher_op<rms_norm_bwd>("opsmith::rms_norm_bwd"); }
+const auto &rms_norm_bwd_inplace_op() { return dispatcher_op<rms_norm_bwd_>("opsmith::rms_norm_bwd_"); }
 
 // grad_fn of y: dx and dweight from the saved x, weight and inv_rms.
 struct RMSNormBackward : public torch::autograd::Node {
