@@ -1,5 +1,6 @@
-/* Entry point of the C tests: runs every group and prints the tally.
- * The last line is always "<P> passed, <F> failed, <S> skipped" and the exit
+/* Entry point of the C tests: runs every group (or, given arguments, the
+ * groups whose names contain one of them: `build/test_c rms_norm glu`) and
+ * prints the tally. The last line is always "<P> passed, <F> failed, <S> skipped" and the exit
  * status is nonzero when any check failed. */
 #include <stdarg.h>
 #include <stdio.h>
@@ -52,7 +53,15 @@ void harness_register(const char *name, harness_group_fn fn)
     g_group_count++;
 }
 
-int main(void)
+static int selected(const char *name, int argc, char **argv)
+{
+    if (argc < 2) return 1;
+    for (int a = 1; a < argc; a++)
+        if (strstr(name, argv[a])) return 1;
+    return 0;
+}
+
+int main(int argc, char **argv)
 {
     /* in name order, so every build runs the groups in the same order */
     for (int i = 1; i < g_group_count; i++)
@@ -62,13 +71,16 @@ int main(void)
             g_groups[j] = g_groups[j - 1];
             g_groups[j - 1].name = n, g_groups[j - 1].fn = f;
         }
+    int ran = 0;
     for (int i = 0; i < g_group_count; i++) {
+        if (!selected(g_groups[i].name, argc, argv)) continue;
+        ran++;
         const long before = g_failed;
         g_groups[i].fn();
         printf("group %s: %s\n", g_groups[i].name, g_failed == before ? "ok" : "FAILED");
     }
-    if (g_group_count == 0) {
-        printf("no test groups registered\n");
+    if (ran == 0) {
+        printf(g_group_count ? "no test group matches the arguments\n" : "no test groups registered\n");
         g_failed++;
     }
     printf("%ld passed, %ld failed, %ld skipped\n", g_passed, g_failed, g_skipped);
