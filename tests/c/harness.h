@@ -5,6 +5,7 @@
 #ifndef OPSMITH_TEST_HARNESS_H
 #define OPSMITH_TEST_HARNESS_H
 
+#include <math.h>
 #include <stdint.h>
 #include <stddef.h>
 
@@ -24,6 +25,28 @@ void harness_skip(int count);
 #define CHECK(cond, ...) harness_check((cond) ? 1 : 0, __FILE__, __LINE__, __VA_ARGS__)
 
 /* Seeded PRNG (splitmix64): reproducible inputs without libc rand(). */
+
+/* The bound a norm's result keeps from the float64 reference, relative to
+ * max(1, max |reference|): one rounding to the storage type plus the row
+ * sums' error (RMSNorm and LayerNorm alike). */
+static inline double norm_tol(opsmith_dtype dt)
+{
+    switch (dt) {
+    case OPSMITH_DTYPE_F64: return 1e-12;
+    case OPSMITH_DTYPE_F32: return 2e-6;
+    case OPSMITH_DTYPE_F16: return 2e-3;
+    default: return 1.6e-2;
+    }
+}
+
+static inline double max_abs(const double *v, int64_t count)
+{
+    double m = 0.0;
+    for (int64_t i = 0; i < count; i++)
+        m = fmax(m, fabs(v[i]));
+    return m;
+}
+
 typedef struct test_rng {
     uint64_t state;
 } test_rng;

@@ -99,24 +99,6 @@ static int ln_gaps_untouched(const ln_image *im, int64_t rows, int64_t n, int64_
     return 1;
 }
 
-static double ln_tol(opsmith_dtype dt)
-{
-    switch (dt) {
-    case OPSMITH_DTYPE_F64: return 1e-12;
-    case OPSMITH_DTYPE_F32: return 2e-6;
-    case OPSMITH_DTYPE_F16: return 2e-3;
-    default: return 1.6e-2;
-    }
-}
-
-static double ln_maxabs(const double *v, int64_t count)
-{
-    double m = 0.0;
-    for (int64_t i = 0; i < count; i++)
-        m = fmax(m, fabs(v[i]));
-    return m;
-}
-
 typedef struct ln_case {
     opsmith_dtype xd, wd;
     int64_t rows, n;
@@ -205,15 +187,15 @@ static void ln_data_init(ln_data *d, const ln_case *c, test_rng *rng)
     d->db_ref = ln_malloc((size_t)n * sizeof(double));
     opsmith_layer_norm_bwd_reference(rows, n, d->dyd, d->xd, d->wd, d->mean_d, d->rstd_d, d->dx_ref, d->dw_ref,
                                      d->db_ref);
-    d->y_scale = fmax(1.0, ln_maxabs(d->y_ref, count));
-    d->mean_scale = fmax(1.0, ln_maxabs(d->xd, count));
-    d->rstd_scale = fmax(1.0, ln_maxabs(d->rstd_ref, rows));
-    d->dw_scale = fmax(1.0, ln_maxabs(d->dw_ref, n));
-    d->db_scale = fmax(1.0, ln_maxabs(d->db_ref, n));
+    d->y_scale = fmax(1.0, max_abs(d->y_ref, count));
+    d->mean_scale = fmax(1.0, max_abs(d->xd, count));
+    d->rstd_scale = fmax(1.0, max_abs(d->rstd_ref, rows));
+    d->dw_scale = fmax(1.0, max_abs(d->dw_ref, n));
+    d->db_scale = fmax(1.0, max_abs(d->db_ref, n));
     /* dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) cancels (entirely
      * for n == 1): any implementation's rounding error scales with the
      * terms, not with their difference, so they set the scale */
-    d->dx_scale = fmax(1.0, ln_maxabs(d->dx_ref, count));
+    d->dx_scale = fmax(1.0, max_abs(d->dx_ref, count));
     for (int64_t r = 0; r < rows; r++) {
         const double mu = d->mean_d[r], rs = d->rstd_d[r];
         double sg = 0.0, sgx = 0.0;
@@ -287,10 +269,10 @@ static void ln_check_fwd(const ln_case *c, const ln_data *d, const char *be, con
           "%s %s: fwd wrote between the rows of y", be, d->name);
     CHECK(ln_guards_ok(mean) && ln_guards_ok(rstd), "%s %s: fwd wrote outside mean or rstd", be, d->name);
     /* y mixes x's rounding with the weight's: the coarser of the two */
-    const double tol = fmax(ln_tol(c->xd), ln_tol(c->wd));
+    const double tol = fmax(norm_tol(c->xd), norm_tol(c->wd));
     ln_close(be, d, "y", c->xd, ln_img(y), d->y_ref, c->rows, c->n, ys, tol, d->y_scale);
-    ln_close(be, d, "mean", acc, ln_img(mean), d->mean_ref, 1, c->rows, c->rows, ln_tol(acc), d->mean_scale);
-    ln_close(be, d, "rstd", acc, ln_img(rstd), d->rstd_ref, 1, c->rows, c->rows, ln_tol(acc), d->rstd_scale);
+    ln_close(be, d, "mean", acc, ln_img(mean), d->mean_ref, 1, c->rows, c->rows, norm_tol(acc), d->mean_scale);
+    ln_close(be, d, "rstd", acc, ln_img(rstd), d->rstd_ref, 1, c->rows, c->rows, norm_tol(acc), d->rstd_scale);
 }
 
 static void ln_check_bwd(const ln_case *c, const ln_data *d, const char *be, const ln_image *dx, int64_t dxs,
@@ -299,12 +281,12 @@ static void ln_check_bwd(const ln_case *c, const ln_data *d, const char *be, con
     CHECK(ln_guards_ok(dx), "%s %s: bwd wrote outside dx", be, d->name);
     CHECK(ln_gaps_untouched(dx, c->rows, c->n, dxs, opsmith_dtype_size(c->xd)),
           "%s %s: bwd wrote between the rows of dx", be, d->name);
-    const double tol = fmax(ln_tol(c->xd), ln_tol(c->wd));
+    const double tol = fmax(norm_tol(c->xd), norm_tol(c->wd));
     ln_close(be, d, "dx", c->xd, ln_img(dx), d->dx_ref, c->rows, c->n, dxs, tol, d->dx_scale);
     if (!dw || !dw->base)
         return;
     /* sums over rows: twice the dtype's tolerance */
-    const double gtol = 2.0 * ln_tol(c->wd);
+    const double gtol = 2.0 * norm_tol(c->wd);
     if (c->weight) {
         CHECK(ln_guards_ok(dw), "%s %s: bwd wrote outside dweight", be, d->name);
         ln_close(be, d, "dweight", c->wd, ln_img(dw), d->dw_ref, 1, c->n, c->n, gtol, d->dw_scale);

@@ -22,24 +22,6 @@
 #define TEST_OMP 0
 #endif
 
-static double tol_of(opsmith_dtype dt)
-{
-    switch (dt) {
-    case OPSMITH_DTYPE_F64: return 1e-12;
-    case OPSMITH_DTYPE_F32: return 2e-6;
-    case OPSMITH_DTYPE_F16: return 2e-3;
-    default: return 1.6e-2;
-    }
-}
-
-static double maxabs(const double *v, int64_t count)
-{
-    double m = 0.0;
-    for (int64_t i = 0; i < count; i++)
-        m = fmax(m, fabs(v[i]));
-    return m;
-}
-
 static int image_guards_ok(const image *im)
 {
     for (size_t i = 0; i < im->total; i++)
@@ -109,13 +91,13 @@ static void data_init(rms_data *d, const rms_case *c, test_rng *rng)
         d->dw_ref = xmalloc((size_t)n * sizeof(double));
     opsmith_rms_norm_bwd_reference(rows, n, d->dyd, d->xd, d->wd, d->inv_d, d->dx_ref, d->dw_ref);
 
-    d->y_scale = fmax(1.0, maxabs(d->y_ref, count));
-    d->inv_scale = fmax(1.0, maxabs(d->inv_ref, rows));
-    d->dw_scale = d->dw_ref ? maxabs(d->dw_ref, n) : 0.0;
+    d->y_scale = fmax(1.0, max_abs(d->y_ref, count));
+    d->inv_scale = fmax(1.0, max_abs(d->inv_ref, rows));
+    d->dw_scale = d->dw_ref ? max_abs(d->dw_ref, n) : 0.0;
     /* dx = inv*(g - x*inv^2*mean(g*x)) cancels when x is nearly parallel to g
      * (always for n == 1): the rounding error of any implementation scales
      * with the two terms, not with their difference, so they set the scale. */
-    d->dx_scale = fmax(1.0, maxabs(d->dx_ref, count));
+    d->dx_scale = fmax(1.0, max_abs(d->dx_ref, count));
     for (int64_t r = 0; r < rows; r++) {
         const double inv = d->inv_d[r];
         double m = 0.0;
@@ -176,9 +158,9 @@ void check_fwd(const rms_case *c, const rms_data *d, const char *be, const image
     CHECK(row_gaps_untouched(y, c->rows, c->n, ys, opsmith_dtype_size(c->dt)),
           "%s %s: fwd wrote between the rows of y (row stride %lld)", be, d->name, (long long)ys);
     CHECK(image_guards_ok(inv), "%s %s: fwd wrote outside inv_rms", be, d->name);
-    check_close(be, d, "y", c->dt, img(y), d->y_ref, c->rows, c->n, ys, tol_of(c->dt), d->y_scale);
+    check_close(be, d, "y", c->dt, img(y), d->y_ref, c->rows, c->n, ys, norm_tol(c->dt), d->y_scale);
     /* inv_rms is kept in the accumulate type, so it gets that type's tolerance. */
-    check_close(be, d, "inv_rms", acc, img(inv), d->inv_ref, 1, c->rows, c->rows, tol_of(acc), d->inv_scale);
+    check_close(be, d, "inv_rms", acc, img(inv), d->inv_ref, 1, c->rows, c->rows, norm_tol(acc), d->inv_scale);
 }
 
 void check_bwd(const rms_case *c, const rms_data *d, const char *be, const image *dx, int64_t dxs,
@@ -187,13 +169,13 @@ void check_bwd(const rms_case *c, const rms_data *d, const char *be, const image
     CHECK(image_guards_ok(dx), "%s %s: bwd wrote outside dx", be, d->name);
     CHECK(row_gaps_untouched(dx, c->rows, c->n, dxs, opsmith_dtype_size(c->dt)),
           "%s %s: bwd wrote between the rows of dx (row stride %lld)", be, d->name, (long long)dxs);
-    check_close(be, d, "dx", c->dt, img(dx), d->dx_ref, c->rows, c->n, dxs, tol_of(c->dt), d->dx_scale);
+    check_close(be, d, "dx", c->dt, img(dx), d->dx_ref, c->rows, c->n, dxs, norm_tol(c->dt), d->dx_scale);
     if (!c->dweight)
         return;
     if (c->weight) {
         CHECK(image_guards_ok(dw), "%s %s: bwd wrote outside dweight", be, d->name);
         check_close(be, d, "dweight (NaN counts as failure)", c->dt, img(dw), d->dw_ref, 1, c->n, c->n,
-                    tol_of(c->dt), d->dw_scale);
+                    norm_tol(c->dt), d->dw_scale);
     } else {
         CHECK(image_untouched(dw), "%s %s: dweight written although weight is NULL", be, d->name);
     }
