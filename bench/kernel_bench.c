@@ -1,14 +1,18 @@
 /* Times the CUDA launchers directly, without PyTorch: the loop for kernel
  * work (`make kernel-bench`, then build/kernel_bench on a GPU machine).
  *
- *   build/kernel_bench [bf16|f16|f32|f64] ROWSxN ...
+ *   build/kernel_bench [rms_norm|layer_norm|fused_add] [bf16|f16|f32|f64] ROWSxN ...
  *
- * For each shape: forward and backward (with the weight gradient) times,
+ * (rms_norm and bf16 by default; fused_add is fused_add_rms_norm, its
+ * backward with dh.) For each shape: forward and backward (with the weight,
+ * and for layer_norm the bias, gradient) times,
  * each the median of 7 batches timed by CUDA events, inputs rotated over
  * enough copies to span 256 MB so the L2 cache cannot serve them; GB/s over
- * the bytes each must move (forward: x, w in, y out; backward: dy, x, w in,
- * dx, dweight out) and that as a fraction of a 1 GiB device-to-device copy
- * timed the same way. */
+ * the bytes each must move (rms_norm forward: x, w in, y out; backward: dy,
+ * x, w in, dx, dweight out; layer_norm adds the bias and its gradient;
+ * fused_add reads the residual and writes h in the forward, reads dh and h
+ * in place of x in the backward) and that as a fraction of a 1 GiB
+ * device-to-device copy timed the same way. */
 #include <cuda_runtime_api.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -76,12 +80,17 @@ static int copy_step(void *p, int call)
     return cudaMemcpyAsync(c->b, c->a, c->bytes, cudaMemcpyDeviceToDevice, 0) != cudaSuccess;
 }
 
+enum op { RMS_NORM, LAYER_NORM, FUSED_ADD };
+static const char *const kOpNames[] = {"rms_norm", "layer_norm", "fused_add"};
+
 struct rms_ctx {
+    enum op op;
     opsmith_dtype dt;
     int64_t rows, n;
     int sets;
-    void *x[MAX_SETS], *dy[MAX_SETS];
-    void *w, *y, *inv, *dx, *dw, *ws;
+    /* x doubles as the residual stream's h, r as the residual and dh */
+    void *x[MAX_SETS], *dy[MAX_SETS], *r[MAX_SETS];
+    void *w, *b, *y, *h, *inv, *rstd, *dx, *dw, *db, *ws;
     size_t ws_bytes;
 };
 
@@ -89,8 +98,16 @@ static int fwd_step(void *p, int call)
 {
     struct rms_ctx *c = p;
     int s = call % c->sets;
-    opsmith_status st = opsmith_rms_norm_fwd_cuda(c->dt, c->rows, c->n, c->x[s], c->n, c->w, 1e-6, c->y, c->n,
-                                                  c->inv, 0);
+    opsmith_status st;
+    if (c->op == LAYER_NORM)
+        st = opsmith_layer_norm_fwd_cuda(c->dt, c->dt, c->rows, c->n, c->x[s], c->n, c->w, c->b, 1e-5, c->y, c->n,
+                                         c->inv, c->rstd, 0);
+    else if (c->op == FUSED_ADD)
+        st = opsmith_fused_add_rms_norm_fwd_cuda(c->dt, c->dt, c->dt, c->rows, c->n, c->x[s], c->n, c->r[s], c->n,
+                                                 c->w, 0.0, 1e-6, OPSMITH_RMS_NORM_CASTING_NONE, c->y, c->n, c->h,
+                                                 c->n, c->inv, 0);
+    else
+        st = opsmith_rms_norm_fwd_cuda(c->dt, c->rows, c->n, c->x[s], c->n, c->w, 1e-6, c->y, c->n, c->inv, 0);
     if (st != OPSMITH_STATUS_SUCCESS)
         fprintf(stderr, "forward: %s %s\n", opsmith_status_string(st), opsmith_last_error());
     return st != OPSMITH_STATUS_SUCCESS;
@@ -100,8 +117,17 @@ static int bwd_step(void *p, int call)
 {
     struct rms_ctx *c = p;
     int s = call % c->sets;
-    opsmith_status st = opsmith_rms_norm_bwd_cuda(c->dt, c->rows, c->n, c->dy[s], c->n, c->x[s], c->n, c->w,
-                                                  c->inv, c->dx, c->n, c->dw, c->ws, c->ws_bytes, 0);
+    opsmith_status st;
+    if (c->op == LAYER_NORM)
+        st = opsmith_layer_norm_bwd_cuda(c->dt, c->dt, c->rows, c->n, c->dy[s], c->n, c->x[s], c->n, c->w, c->inv,
+                                         c->rstd, c->dx, c->n, c->dw, c->db, c->ws, c->ws_bytes, 0);
+    else if (c->op == FUSED_ADD)
+        st = opsmith_fused_add_rms_norm_bwd_cuda(c->dt, c->dt, c->dt, c->rows, c->n, c->dy[s], c->n, c->r[s], c->n,
+                                                 c->x[s], c->n, c->w, 0.0, OPSMITH_RMS_NORM_CASTING_NONE, c->inv,
+                                                 c->dx, c->n, c->dw, c->ws, c->ws_bytes, 0);
+    else
+        st = opsmith_rms_norm_bwd_cuda(c->dt, c->rows, c->n, c->dy[s], c->n, c->x[s], c->n, c->w, c->inv, c->dx,
+                                       c->n, c->dw, c->ws, c->ws_bytes, 0);
     if (st != OPSMITH_STATUS_SUCCESS)
         fprintf(stderr, "backward: %s %s\n", opsmith_status_string(st), opsmith_last_error());
     return st != OPSMITH_STATUS_SUCCESS;
@@ -118,17 +144,19 @@ static int fill(void *dev, size_t bytes, const unsigned char *block, size_t bloc
     return 0;
 }
 
-static int bench_shape(opsmith_dtype dt, int64_t rows, int64_t n, double copy_gbs, const unsigned char *block,
-                       size_t block_bytes)
+static int bench_shape(enum op op, opsmith_dtype dt, int64_t rows, int64_t n, double copy_gbs,
+                       const unsigned char *block, size_t block_bytes)
 {
     struct rms_ctx c;
     memset(&c, 0, sizeof c);
+    c.op = op;
     c.dt = dt;
     c.rows = rows;
     c.n = n;
     size_t es = opsmith_dtype_size(dt), as = opsmith_dtype_size(opsmith_dtype_accumulate(dt));
     size_t tensor = (size_t)rows * n * es;
-    c.sets = (int)((kRotateBytes + 2 * tensor - 1) / (2 * tensor));
+    const int per_set = op == FUSED_ADD ? 3 : 2;
+    c.sets = (int)((kRotateBytes + per_set * tensor - 1) / (per_set * tensor));
     if (c.sets < 1)
         c.sets = 1;
     if (c.sets > MAX_SETS)
@@ -138,15 +166,31 @@ static int bench_shape(opsmith_dtype dt, int64_t rows, int64_t n, double copy_gb
         CUDA_TRY(cudaMalloc(&c.dy[s], tensor));
         if (fill(c.x[s], tensor, block, block_bytes) || fill(c.dy[s], tensor, block + es, block_bytes - es))
             return 1;
+        if (op == FUSED_ADD) {
+            CUDA_TRY(cudaMalloc(&c.r[s], tensor));
+            if (fill(c.r[s], tensor, block + 2 * es, block_bytes - 2 * es))
+                return 1;
+        }
     }
     CUDA_TRY(cudaMalloc(&c.w, n * es));
     CUDA_TRY(cudaMalloc(&c.y, tensor));
     CUDA_TRY(cudaMalloc(&c.dx, tensor));
     CUDA_TRY(cudaMalloc(&c.dw, n * es));
+    CUDA_TRY(cudaMalloc(&c.b, n * es));
+    CUDA_TRY(cudaMalloc(&c.db, n * es));
+    CUDA_TRY(cudaMalloc(&c.h, tensor));
     CUDA_TRY(cudaMalloc(&c.inv, rows * as));
-    c.ws_bytes = opsmith_rms_norm_bwd_cuda_workspace_size(dt, rows, n, c.dy[0], n, c.x[0], n, c.w, c.inv, c.dx, n, c.dw);
+    CUDA_TRY(cudaMalloc(&c.rstd, rows * as));
+    if (op == LAYER_NORM)
+        c.ws_bytes = opsmith_layer_norm_bwd_cuda_workspace_size(dt, dt, rows, n, c.dy[0], n, c.x[0], n, c.w, c.inv,
+                                                                c.rstd, c.dx, n, c.dw, c.db);
+    else if (op == FUSED_ADD)
+        c.ws_bytes = opsmith_fused_add_rms_norm_bwd_cuda_workspace_size(dt, dt, dt, rows, n, c.w, c.dw);
+    else
+        c.ws_bytes = opsmith_rms_norm_bwd_cuda_workspace_size(dt, rows, n, c.dy[0], n, c.x[0], n, c.w, c.inv, c.dx,
+                                                              n, c.dw);
     CUDA_TRY(cudaMalloc(&c.ws, c.ws_bytes ? c.ws_bytes : 16));
-    if (fill(c.w, n * es, block, block_bytes))
+    if (fill(c.w, n * es, block, block_bytes) || fill(c.b, n * es, block + es, block_bytes - es))
         return 1;
     /* enough calls a batch that a batch lasts about 2 ms */
     double probe;
@@ -160,16 +204,25 @@ static int bench_shape(opsmith_dtype dt, int64_t rows, int64_t n, double copy_gb
     double f_ms, b_ms;
     if (time_ms(fwd_step, &c, calls, &f_ms) || time_ms(bwd_step, &c, calls, &b_ms))
         return 1;
-    double fb = (double)(2 * rows * n + n) * es, bb = (double)(3 * rows * n + 2 * n) * es;
+    /* (row tensors, parameter vectors) each direction reads and writes */
+    const int fwd_rows = op == FUSED_ADD ? 4 : 2, fwd_params = op == LAYER_NORM ? 2 : 1;
+    const int bwd_rows = op == FUSED_ADD ? 4 : 3, bwd_params = op == LAYER_NORM ? 4 : 2;
+    double fb = (double)(fwd_rows * rows * n + fwd_params * n) * es;
+    double bb = (double)(bwd_rows * rows * n + bwd_params * n) * es;
     double f_gbs = fb / (f_ms * 1e6), b_gbs = bb / (b_ms * 1e6), fb_gbs = (fb + bb) / ((f_ms + b_ms) * 1e6);
-    printf("%-5s %8lld x %-6lld  fwd %9.2f us %7.0f GB/s %.3f | bwd %9.2f us %7.0f GB/s %.3f | fwd+bwd %.3f\n",
-           opsmith_dtype_name(dt), (long long)rows, (long long)n, f_ms * 1e3, f_gbs, f_gbs / copy_gbs,
+    printf("%-10s %-5s %8lld x %-6lld  fwd %9.2f us %7.0f GB/s %.3f | bwd %9.2f us %7.0f GB/s %.3f | fwd+bwd %.3f\n",
+           kOpNames[op], opsmith_dtype_name(dt), (long long)rows, (long long)n, f_ms * 1e3, f_gbs, f_gbs / copy_gbs,
            b_ms * 1e3, b_gbs, b_gbs / copy_gbs, fb_gbs / copy_gbs);
     fflush(stdout);
     for (int s = 0; s < c.sets; s++) {
         cudaFree(c.x[s]);
         cudaFree(c.dy[s]);
+        cudaFree(c.r[s]);
     }
+    cudaFree(c.b);
+    cudaFree(c.db);
+    cudaFree(c.h);
+    cudaFree(c.rstd);
     cudaFree(c.w);
     cudaFree(c.y);
     cudaFree(c.dx);
@@ -182,22 +235,27 @@ static int bench_shape(opsmith_dtype dt, int64_t rows, int64_t n, double copy_gb
 int main(int argc, char **argv)
 {
     opsmith_dtype dt = OPSMITH_DTYPE_BF16;
+    enum op op = RMS_NORM;
     int first = 1;
-    if (argc > 1 && strchr(argv[1], 'x') == NULL) {
+    for (int i = 0; i < 3; i++)
+        if (argc > first && strcmp(argv[first], kOpNames[i]) == 0)
+            op = (enum op)i, first++;
+    if (argc > first && strchr(argv[first], 'x') == NULL) {
         const char *names[] = {"f64", "f32", "f16", "bf16"};
         const opsmith_dtype types[] = {OPSMITH_DTYPE_F64, OPSMITH_DTYPE_F32, OPSMITH_DTYPE_F16, OPSMITH_DTYPE_BF16};
         int found = 0;
         for (int i = 0; i < 4; i++)
-            if (strcmp(argv[1], names[i]) == 0)
+            if (strcmp(argv[first], names[i]) == 0)
                 dt = types[i], found = 1;
         if (!found) {
-            fprintf(stderr, "kernel_bench: unknown dtype '%s' (bf16, f16, f32, f64)\n", argv[1]);
+            fprintf(stderr, "kernel_bench: unknown op or dtype '%s' (rms_norm, layer_norm, fused_add; bf16, f16, f32, f64)\n",
+                    argv[first]);
             return 2;
         }
-        first = 2;
+        first++;
     }
     if (first >= argc) {
-        fprintf(stderr, "usage: kernel_bench [bf16|f16|f32|f64] ROWSxN ...\n");
+        fprintf(stderr, "usage: kernel_bench [rms_norm|layer_norm|fused_add] [bf16|f16|f32|f64] ROWSxN ...\n");
         return 2;
     }
     struct copy_ctx cp = {NULL, NULL, (size_t)1 << 30};
@@ -227,7 +285,7 @@ int main(int argc, char **argv)
             rc = 2;
             break;
         }
-        rc = bench_shape(dt, rows, n, copy_gbs, block, block_elems * es);
+        rc = bench_shape(op, dt, rows, n, copy_gbs, block, block_elems * es);
     }
     free(block);
     return rc;

@@ -51,9 +51,30 @@ template <typename T> __device__ __forceinline__ Pack<T> load_pack(const T *p) {
     return out;
 }
 
-template <typename T> __device__ __forceinline__ void store_pack(T *p, const Pack<T> &v) {
-    *reinterpret_cast<uint4 *>(p) = *reinterpret_cast<const uint4 *>(&v);
+__device__ __forceinline__ uint32_t bits16(__half v) { return __half_as_ushort(v); }
+__device__ __forceinline__ uint32_t bits16(__nv_bfloat16 v) { return __bfloat16_as_ushort(v); }
+
+/* 16 bytes of elements e to p (16-byte aligned) as one vector store, in
+ * PTX: written as a uint4 store, a pack whose elements were computed one by
+ * one (a row's outputs) reached the PTX as four 4-byte stores (st.global
+ * .v2.u16 or .u32) in place of one st.global.v4: half the forward's y
+ * stores at 4 packs a thread, every dx store of the staged backward. The
+ * "memory" clobber keeps the compiler from moving other accesses across it
+ * (a kernel may read back what it stored). */
+template <typename U> __device__ __forceinline__ void store16(U *p, const U *e) {
+    uint32_t w[4];
+    if constexpr (sizeof(U) == 2) {
+#pragma unroll
+        for (int k = 0; k < 4; k++) w[k] = bits16(e[2 * k]) | bits16(e[2 * k + 1]) << 16;
+    } else {
+#pragma unroll
+        for (int k = 0; k < 4; k++) w[k] = reinterpret_cast<const uint32_t *>(e)[k];
+    }
+    asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3])
+                 : "memory");
 }
+
+template <typename T> __device__ __forceinline__ void store_pack(T *p, const Pack<T> &v) { store16(p, v.v); }
 
 /* N consecutive elements of U moved as 16-byte packs (N * sizeof(U) a
  * multiple of 16): a weight or output whose dtype is wider than x's, read or
@@ -72,9 +93,9 @@ template <typename U, int N> __device__ __forceinline__ Elems<U, N> load_elems(c
 }
 
 template <typename U, int N> __device__ __forceinline__ void store_elems(U *p, const Elems<U, N> &v) {
+    constexpr int per = (int)(16 / sizeof(U));
 #pragma unroll
-    for (int k = 0; k < (int)(N * sizeof(U) / 16); k++)
-        reinterpret_cast<uint4 *>(p)[k] = reinterpret_cast<const uint4 *>(&v)[k];
+    for (int k = 0; k < N / per; k++) store16(p + k * per, v.v + k * per);
 }
 
 /* The type sums are kept in for storage type T. */

@@ -104,7 +104,7 @@ template <typename T, int V> __device__ __forceinline__ Chunk<T, V> load_chunk(c
 
 template <typename T, int V> __device__ __forceinline__ void store_chunk(T *p, const Chunk<T, V> &c) {
     if constexpr (V * sizeof(T) == 16) {
-        *reinterpret_cast<uint4 *>(p) = *reinterpret_cast<const uint4 *>(&c);
+        store16(p, c.v);
     } else {
 #pragma unroll
         for (int k = 0; k < V; k++) p[k] = c.v[k];

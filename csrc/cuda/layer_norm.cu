@@ -181,55 +181,59 @@ __global__ void layer_norm_bwd_kernel(int64_t rows, int64_t n, const T *__restri
 
 /* --- register-resident kernels ------------------------------------------- */
 
-/* A thread's (or a group's) share of a row: element count, mean, and the
- * sum of squared deviations from that mean. Each thread takes both from the
- * packs in its registers (two passes over them); merging shares keeps the
- * variance a sum of squared deviations (Chan et al.'s pairwise update,
- * never E[x^2] - E[x]^2), so a row needs one round of reduction, not two. */
-template <typename A> struct Moments {
-    A count, mean, m2;
-};
-
-/* Symmetric in a and b (the weighted mean and delta^2 do not depend on the
- * order), so both lanes of a butterfly step get the same bits and every
- * thread of a row ends with the same mean and variance. */
-template <typename A> __device__ __forceinline__ Moments<A> merge(const Moments<A> &a, const Moments<A> &b) {
-    const A count = a.count + b.count;
-    if (count == A(0)) return a;
-    const A inv = A(1) / count, d = b.mean - a.mean;
-    return Moments<A>{count, (a.count * a.mean + b.count * b.mean) * inv, a.m2 + b.m2 + d * d * (a.count * b.count * inv)};
-}
-
-template <typename A> __device__ __forceinline__ Moments<A> warp_merge(Moments<A> m) {
-#pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) {
-        const Moments<A> o{__shfl_xor_sync(0xffffffffu, m.count, offset), __shfl_xor_sync(0xffffffffu, m.mean, offset),
-                           __shfl_xor_sync(0xffffffffu, m.m2, offset)};
-        m = merge(m, o);
-    }
-    return m;
-}
-
-/* Over a row group (a warp, or the block: scratch holds 96; the leading
- * barrier makes it safe to call again in a loop), returned to every thread. */
-template <bool WARP_ROWS, typename A> __device__ __forceinline__ Moments<A> group_merge(Moments<A> m, A *scratch) {
-    m = warp_merge(m);
-    if constexpr (!WARP_ROWS) {
+/* A row's mean and its sum of squared deviations (m2) from packs a row
+ * group holds in registers, never as E[x^2] - E[x]^2: each warp takes the
+ * exact two-pass moments of its own elements (two warp sums, no barrier),
+ * and the warps' moments are combined by Chan et al.'s parallel formula
+ *     mean = sum_w c_w mean_w / n,  m2 = sum_w (m2_w + c_w (mean_w - mean)^2)
+ * after one round of barriers (a block a row). The reduction is on each
+ * row's critical path, so it is kept as short as RMSNorm's: merging
+ * moments at every butterfly step (three shuffles and a division a step)
+ * doubled it. sum is the thread's sum of its
+ * elements; sq(mean) its sum of squared deviations from mean; c_w the
+ * warp's element count (the same in every lane). scratch holds 96. */
+template <bool WARP_ROWS, typename A, typename SQ>
+__device__ __forceinline__ void row_moments(A sum, SQ sq, A c_w, A n, A *scratch, A &mean, A &m2) {
+    const A s_w = warp_sum(sum);
+    const A mean_w = c_w > A(0) ? s_w / c_w : A(0);
+    const A m2_w = warp_sum(sq(mean_w));
+    if constexpr (WARP_ROWS) {
+        mean = mean_w;
+        m2 = m2_w;
+    } else {
         const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
         const int warps = (blockDim.x + 31) >> 5;
+        __syncthreads(); /* the previous row's reads of scratch are done */
+        if (lane == 0) scratch[warp] = c_w, scratch[32 + warp] = mean_w, scratch[64 + warp] = m2_w;
         __syncthreads();
-        if (lane == 0) scratch[warp] = m.count, scratch[32 + warp] = m.mean, scratch[64 + warp] = m.m2;
-        __syncthreads();
-        m = lane < warps ? Moments<A>{scratch[lane], scratch[32 + lane], scratch[64 + lane]} : Moments<A>{0, 0, 0};
-        m = warp_merge(m);
+        A total = 0;
+        for (int v = 0; v < warps; v++) total += scratch[v] * scratch[32 + v];
+        mean = total / n;
+        A acc = 0;
+        for (int v = 0; v < warps; v++) {
+            const A d = scratch[32 + v] - mean;
+            acc += scratch[64 + v] + scratch[v] * d * d;
+        }
+        m2 = acc;
     }
-    return m;
+}
+
+/* Elements of a row in warp `warp`'s packs when a row group of `threads`
+ * takes pack t + it * threads in thread t (steps packs of S a row). */
+template <int ITERS, int S> __device__ __forceinline__ int64_t warp_elements(int64_t steps, int threads, int warp) {
+    int64_t c = 0;
+#pragma unroll
+    for (int it = 0; it < ITERS; it++) {
+        const int64_t left = steps - (int64_t)it * threads - (int64_t)warp * 32;
+        c += left < 0 ? 0 : left > 32 ? 32 : left;
+    }
+    return c * S;
 }
 
 /* Forward for packed rows held in registers: ITERS packs a thread of a row
  * group (WARP_ROWS: a warp a row, blockDim.x / 32 rows a block, for rows of
- * at most 32 x 4 packs; else the block a row). One reduction a row (the
- * merged moments). With few packs a thread of a block (a short batch's
+ * at most 32 x 4 packs; else the block a row). One round of reduction a
+ * row (row_moments). With few packs a thread of a block (a short batch's
  * latency plan) the weight and bias are loaded with x, so the row waits on
  * memory once; otherwise they are L1/L2 hits loaded after the reduction,
  * leaving the registers to x's packs (warp rows: 64 -> ~40 registers at 2
@@ -256,31 +260,33 @@ layer_norm_fwd_resident_kernel(int64_t rows, int64_t n, const T *__restrict__ x,
         const T *xr = x + r * xs;
         Pack<T> xp[ITERS];
         A wv[kParamsEarly ? ITERS : 1][S], bv[kParamsEarly ? ITERS : 1][S];
-        int mine = 0;
         packs([&](int it, int64_t i) {
             xp[it] = load_pack(xr + i * S);
             if constexpr (kParamsEarly) {
                 if (w) load_param<W, A, S, true>(w + i * S, wv[it]);
                 if (b) load_param<W, A, S, true>(b + i * S, bv[it]);
             }
-            mine++;
         });
         A sum = 0;
         packs([&](int it, int64_t) {
 #pragma unroll
             for (int k = 0; k < S; k++) sum += to_acc(xp[it].v[k]);
         });
-        Moments<A> m{(A)(mine * S), 0, 0};
-        if (mine) m.mean = sum / m.count;
-        packs([&](int it, int64_t) {
+        auto sq = [&](A mu_w) {
+            A q = 0;
+            packs([&](int it, int64_t) {
 #pragma unroll
-            for (int k = 0; k < S; k++) {
-                const A d = to_acc(xp[it].v[k]) - m.mean;
-                m.m2 += d * d;
-            }
-        });
-        m = group_merge<WARP_ROWS>(m, scratch);
-        const A mu = m.mean, rs = rsqrt_acc(m.m2 / (A)n + eps);
+                for (int k = 0; k < S; k++) {
+                    const A d = to_acc(xp[it].v[k]) - mu_w;
+                    q += d * d;
+                }
+            });
+            return q;
+        };
+        const A c_w = (A)warp_elements<ITERS, S>(steps, g.threads, WARP_ROWS ? 0 : (int)(threadIdx.x >> 5));
+        A mu, m2;
+        row_moments<WARP_ROWS>(sum, sq, c_w, (A)n, scratch, mu, m2);
+        const A rs = rsqrt_acc(m2 / (A)n + eps);
         if (g.t == 0) mean[r] = mu, rstd[r] = rs;
         packs([&](int it, int64_t i) {
             opaque(xp[it]);

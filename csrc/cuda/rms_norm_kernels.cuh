@@ -543,14 +543,19 @@ template <typename K, bool DH = false> Launch bwd_launch(int64_t rows, int64_t n
 
 /* Forward plans for packed rows, chosen at run time: a short batch takes the
  * resident kernel's latency plan; many rows the resident throughput plan up
- * to 4 packs a thread (512 x 4 packs); grid == 0: the generic kernel, which
- * for many wider rows beat a staged forward split over a cluster (2048 x
- * 32768 bf16: 0.89 against 0.76 of copy; bench/NOTES.md v4). */
+ * to 4 packs a thread (512 x 4 packs; with the residual stage 2, 512 x 2);
+ * grid == 0: the generic kernel, which for many wider rows beat a staged
+ * forward split over a cluster (2048 x 32768 bf16: 0.89 against 0.76 of
+ * copy; bench/NOTES.md v4). The residual stage's resident kernel needs ~96
+ * registers at 4 packs, so a 16384-wide bf16 row (a block of 512) left one
+ * row in flight an SM: the generic kernel, which reads h back from L2, ran
+ * 4096 x 16384 at 0.91 of copy against 0.68 (narrower rows unchanged). */
 template <typename K, bool ADD = false> Launch fwd_launch(int64_t rows, int64_t n) {
     const int64_t vec = Pack<typename K::T>::VEC;
     if (n % vec != 0) return Launch{nullptr, 0, 0, 0, 0, "generic"};
     const bool latency = rows <= sm_count();
-    const Resident res = resident_plan(n / vec, kFwdMinThreads, latency, latency ? kResidentIters : 4);
+    const int max_iters = latency ? kResidentIters : ADD ? 2 : 4;
+    const Resident res = resident_plan(n / vec, kFwdMinThreads, latency, max_iters);
     if (res.iters) {
         const int64_t grid = rows < kMaxGrid ? rows : kMaxGrid;
         return Launch{reinterpret_cast<const void *>(fwd_resident_kernel<K, ADD>(res.iters)), res.threads, 1, 0, grid,
