@@ -1,0 +1,276 @@
+"""Hugging Face models on opsmith's kernels, in one call.
+
+    import opsmith.hf
+    opsmith.hf.patch(model)                  # a built model: modules swapped, weights kept
+    opsmith.hf.patch(LlamaForCausalLM)       # the classes, before from_pretrained / from_config
+    opsmith.hf.patch_gemma(rope=False)       # one architecture's classes, with options
+
+What is replaced, per architecture (`SUPPORTED`):
+- rms_norm: the architecture's RMSNorm modules compute through opsmith.rms_norm
+  with the casting the architecture uses (Llama-like: x_hat rounded to the input
+  dtype before the weight multiply, output in the promoted dtype; Gemma: float32
+  throughout, `(1 + weight)`, output in the input dtype). Parameters and
+  state-dict keys are unchanged.
+- glu: the gated MLP's `act(gate_proj(x)) * up_proj(x)` becomes one opsmith
+  kernel (SwiGLU for SiLU, GeGLU for the GELU variants). An activation opsmith
+  does not have leaves that MLP as it is.
+- rope: the modeling module's `apply_rotary_pos_emb` (a module-level function
+  in Hugging Face: patching it affects every model of that architecture in the
+  process) becomes opsmith.apply_rotary_pos_emb, where opsmith has it.
+- cross_entropy: the causal-LM loss (`loss_function`: shift, flatten,
+  cross-entropy with ignore_index and num_items_in_batch) computes through
+  opsmith.cross_entropy on the logits as they are, with float32 math inside the
+  kernel in place of an upcast float32 copy of the logits, where opsmith has it.
+
+A model instance is patched in place: each module's class becomes an opsmith
+subclass of its Hugging Face class (isinstance still holds, parameters and
+buffers are the same objects). Patching classes replaces the module-level
+names the modeling code looks up when it builds a model, so every model built
+afterwards uses opsmith. Patching twice is harmless.
+"""
+import importlib
+import inspect
+from typing import Callable, Dict, Optional, Tuple
+
+import torch
+
+import opsmith
+
+# model_type -> (modeling module, RMSNorm class name, MLP class name, causal-LM class name, norm style)
+SUPPORTED: Dict[str, Tuple[str, str, str, str, str]] = {
+    "llama": ("transformers.models.llama.modeling_llama", "LlamaRMSNorm", "LlamaMLP", "LlamaForCausalLM", "llama"),
+    "mistral": ("transformers.models.mistral.modeling_mistral", "MistralRMSNorm", "MistralMLP", "MistralForCausalLM",
+                "llama"),
+    "qwen2": ("transformers.models.qwen2.modeling_qwen2", "Qwen2RMSNorm", "Qwen2MLP", "Qwen2ForCausalLM", "llama"),
+    "qwen3": ("transformers.models.qwen3.modeling_qwen3", "Qwen3RMSNorm", "Qwen3MLP", "Qwen3ForCausalLM", "llama"),
+    "gemma": ("transformers.models.gemma.modeling_gemma", "GemmaRMSNorm", "GemmaMLP", "GemmaForCausalLM", "gemma"),
+    "gemma2": ("transformers.models.gemma2.modeling_gemma2", "Gemma2RMSNorm", "Gemma2MLP", "Gemma2ForCausalLM",
+               "gemma"),
+}
+
+
+class UnsupportedModelError(ValueError):
+    """A model type opsmith.hf does not know."""
+
+
+def _unsupported(what) -> UnsupportedModelError:
+    return UnsupportedModelError(f"opsmith.hf: {what} is not a supported model type; supported: "
+                                 f"{', '.join(sorted(SUPPORTED))}")
+
+
+# --- replacement forwards ----------------------------------------------------------------
+
+def _norm_eps(module) -> float:
+    for name in ("variance_epsilon", "eps"):
+        if hasattr(module, name):
+            return float(getattr(module, name))
+    raise AttributeError(f"opsmith.hf: {type(module).__name__} has neither variance_epsilon nor eps")
+
+
+def _llama_rms_norm_forward(self, hidden_states):
+    # LlamaRMSNorm: x_hat in float32, rounded to the input dtype, times the
+    # weight in the promoted dtype
+    return opsmith.rms_norm(hidden_states, self.weight, _norm_eps(self), casting_mode="llama")
+
+
+def _gemma_rms_norm_forward(self, x):
+    # GemmaRMSNorm: float32 throughout, (1 + weight), output in x's dtype
+    return opsmith.rms_norm(x, self.weight, _norm_eps(self), offset=1.0, casting_mode="gemma")
+
+
+def _glu_kind(act) -> Optional[Tuple[str, str]]:
+    """(function, approximate) for an MLP's activation module, or None when
+    opsmith has no kernel for it."""
+    name = type(act).__name__
+    if isinstance(act, torch.nn.SiLU) or name in ("SiLUActivation", "SiLU"):
+        return ("swiglu", "none")
+    if name in ("PytorchGELUTanh", "GELUTanh", "NewGELUActivation", "GELUPytorchTanh", "FastGELUActivation"):
+        return ("geglu", "tanh")
+    if name == "GELUActivation" or (isinstance(act, torch.nn.GELU) and act.approximate == "none"):
+        return ("geglu", "none")
+    if isinstance(act, torch.nn.GELU) and act.approximate == "tanh":
+        return ("geglu", "tanh")
+    return None
+
+
+def _mlp_forward(self, x):
+    kind = _glu_kind(self.act_fn)
+    if kind is None:  # set after patching: compute as Hugging Face does
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+    gate, up = self.gate_proj(x), self.up_proj(x)
+    h = opsmith.swiglu(gate, up) if kind[0] == "swiglu" else opsmith.geglu(gate, up, approximate=kind[1])
+    return self.down_proj(h)
+
+
+def causal_lm_loss(logits, labels, vocab_size: int, num_items_in_batch=None, ignore_index: int = -100,
+                   shift_labels=None, **kwargs):
+    """Hugging Face's ForCausalLMLoss through opsmith.cross_entropy: the same
+    shift, flatten, ignore_index and num_items_in_batch handling, without the
+    float32 copy of the logits (the kernel computes in float32)."""
+    if shift_labels is None:
+        labels = torch.nn.functional.pad(labels, (0, 1), value=ignore_index)
+        shift_labels = labels[..., 1:]
+    logits = logits.reshape(-1, vocab_size)
+    shift_labels = shift_labels.reshape(-1).to(logits.device)
+    reduction = "sum" if num_items_in_batch is not None else "mean"
+    loss = opsmith.cross_entropy(logits, shift_labels, ignore_index=ignore_index, reduction=reduction)
+    if reduction == "sum":
+        if torch.is_tensor(num_items_in_batch):
+            num_items_in_batch = num_items_in_batch.to(loss.device)
+        loss = loss / num_items_in_batch
+    return loss.float()
+
+
+# --- subclasses ----------------------------------------------------------------------------
+
+_SUBCLASSES: Dict[type, type] = {}
+
+
+def _opsmith_subclass(base: type, forward: Callable) -> type:
+    """One subclass per Hugging Face class, with opsmith's forward; a class
+    that is already one is returned as it is."""
+    if getattr(base, "_opsmith_patched", False):
+        return base
+    if base not in _SUBCLASSES:
+        _SUBCLASSES[base] = type(base.__name__, (base,), {
+            "forward": forward, "_opsmith_patched": True, "__module__": base.__module__,
+            "__doc__": f"{base.__name__} computing through opsmith ({__name__})."})
+    return _SUBCLASSES[base]
+
+
+def _available(name: str) -> bool:
+    return hasattr(opsmith, name)
+
+
+def _check_available(flags: Dict[str, bool]) -> None:
+    need = {"rope": "apply_rotary_pos_emb", "cross_entropy": "cross_entropy"}
+    for flag, fn in need.items():
+        if flags.get(flag) is True and not _available(fn):
+            raise NotImplementedError(f"opsmith.hf: {flag}=True needs opsmith.{fn}, which this build of opsmith "
+                                      f"does not have; pass {flag}=False")
+
+
+def _resolve(flags: Dict[str, Optional[bool]]) -> Dict[str, bool]:
+    """None means: patch when opsmith has the op."""
+    _check_available(flags)
+    out = dict(flags)
+    if out["rope"] is None:
+        out["rope"] = _available("apply_rotary_pos_emb")
+    if out["cross_entropy"] is None:
+        out["cross_entropy"] = _available("cross_entropy")
+    return out
+
+
+# --- what gets patched ---------------------------------------------------------------------
+
+def _model_type_of(obj) -> str:
+    if isinstance(obj, str):
+        if obj not in SUPPORTED:
+            raise _unsupported(repr(obj))
+        return obj
+    config = getattr(obj, "config", None)
+    model_type = getattr(config, "model_type", None) if not inspect.isclass(obj) else None
+    if model_type is None:
+        cls = obj if inspect.isclass(obj) else type(obj)
+        module = cls.__module__
+        for name, entry in SUPPORTED.items():
+            if module == entry[0]:
+                model_type = name
+                break
+        else:
+            raise _unsupported(f"{cls.__name__} (module {module})")
+    if model_type not in SUPPORTED:
+        raise _unsupported(repr(model_type))
+    return model_type
+
+
+def _classes(model_type: str):
+    module_name, norm, mlp, causal_lm, style = SUPPORTED[model_type]
+    module = importlib.import_module(module_name)
+    return module, getattr(module, norm), getattr(module, mlp), getattr(module, causal_lm), style
+
+
+def _patch_module_names(model_type: str, flags: Dict[str, bool]) -> None:
+    module, norm_cls, mlp_cls, causal_cls, style = _classes(model_type)
+    if flags["rms_norm"]:
+        forward = _gemma_rms_norm_forward if style == "gemma" else _llama_rms_norm_forward
+        setattr(module, norm_cls.__name__, _opsmith_subclass(norm_cls, forward))
+    if flags["glu"]:
+        setattr(module, mlp_cls.__name__, _opsmith_subclass(mlp_cls, _mlp_forward))
+    if flags["rope"]:
+        setattr(module, "apply_rotary_pos_emb", opsmith.apply_rotary_pos_emb)
+    if flags["cross_entropy"]:
+        # PreTrainedModel.loss_function returns _loss_function where one is set
+        causal_cls._loss_function = staticmethod(causal_lm_loss)
+
+
+def _patch_instance(model: torch.nn.Module, model_type: str, flags: Dict[str, bool]) -> None:
+    module, norm_cls, mlp_cls, causal_cls, style = _classes(model_type)
+    norm_base = norm_cls.__mro__[1] if getattr(norm_cls, "_opsmith_patched", False) else norm_cls
+    mlp_base = mlp_cls.__mro__[1] if getattr(mlp_cls, "_opsmith_patched", False) else mlp_cls
+    norm_forward = _gemma_rms_norm_forward if style == "gemma" else _llama_rms_norm_forward
+    for sub in model.modules():
+        if flags["rms_norm"] and type(sub) is norm_base:
+            sub.__class__ = _opsmith_subclass(norm_base, norm_forward)
+        elif flags["glu"] and type(sub) is mlp_base and _glu_kind(sub.act_fn) is not None:
+            sub.__class__ = _opsmith_subclass(mlp_base, _mlp_forward)
+    if flags["rope"]:
+        setattr(module, "apply_rotary_pos_emb", opsmith.apply_rotary_pos_emb)
+    if flags["cross_entropy"] and isinstance(model, causal_cls):
+        model.loss_function = causal_lm_loss
+
+
+def patch(model_or_class=None, *, model_type: Optional[str] = None, rms_norm: bool = True,
+          rope: Optional[bool] = None, glu: bool = True, cross_entropy: Optional[bool] = None):
+    """Patch a built model (in place; returned), a model class, or, with
+    `model_type` alone, an architecture's classes. rope / cross_entropy: None
+    patches them where opsmith has the op, True requires it.
+
+    Raises UnsupportedModelError (listing the supported types) for a model
+    type opsmith.hf does not know."""
+    flags = _resolve({"rms_norm": rms_norm, "rope": rope, "glu": glu, "cross_entropy": cross_entropy})
+    if model_or_class is None:
+        if model_type is None:
+            raise TypeError("opsmith.hf.patch: give a model, a model class or model_type=")
+        _patch_module_names(_model_type_of(model_type), flags)
+        return None
+    if not inspect.isclass(model_or_class) and not isinstance(model_or_class, torch.nn.Module):
+        raise TypeError(f"opsmith.hf.patch: expected a model, a model class or a model type, got "
+                        f"{type(model_or_class).__name__}")
+    if model_type is None:
+        kind = _model_type_of(model_or_class)
+    else:
+        # any module holding this architecture's layers; a Hugging Face model
+        # of another architecture is refused
+        kind = _model_type_of(model_type)
+        try:
+            own = _model_type_of(model_or_class)
+        except UnsupportedModelError:
+            own = kind
+        if own != kind:
+            raise ValueError(f"opsmith.hf: patch_{kind} was given a {own} model; use patch_{own} or patch")
+    if inspect.isclass(model_or_class):
+        _patch_module_names(kind, flags)
+        return model_or_class
+    _patch_instance(model_or_class, kind, flags)
+    return model_or_class
+
+
+def _for(model_type: str):
+    def patch_architecture(model_or_class=None, **options):
+        return patch(model_or_class, model_type=model_type, **options)
+    patch_architecture.__name__ = f"patch_{model_type}"
+    patch_architecture.__doc__ = (f"opsmith.hf.patch for {model_type} models: a built model, its classes, or "
+                                  f"(no argument) the architecture's classes.")
+    return patch_architecture
+
+
+patch_llama = _for("llama")
+patch_mistral = _for("mistral")
+patch_qwen2 = _for("qwen2")
+patch_qwen3 = _for("qwen3")
+patch_gemma = _for("gemma")
+patch_gemma2 = _for("gemma2")
+
+__all__ = ["patch", "patch_llama", "patch_mistral", "patch_qwen2", "patch_qwen3", "patch_gemma", "patch_gemma2",
+           "causal_lm_loss", "SUPPORTED", "UnsupportedModelError"]

@@ -1,0 +1,228 @@
+"""opsmith.hf: Hugging Face models patched onto opsmith's kernels match the
+unpatched models (logits, loss, every parameter's gradient, 20 training
+steps), for every supported architecture, built from tiny random configs
+(nothing downloaded)."""
+import copy
+import importlib
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import opsmith  # noqa: E402
+import opsmith.hf as hf  # noqa: E402
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def tiny_config(model_type):
+    common = dict(vocab_size=96, hidden_size=64, intermediate_size=112, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                  attn_implementation="eager")
+    if model_type in ("gemma", "gemma2", "qwen3"):
+        common["head_dim"] = 16
+    if model_type == "gemma2":
+        common.update(sliding_window=16, final_logit_softcapping=None)
+    config_cls = transformers.AutoConfig.for_model(model_type).__class__
+    config = config_cls(**{k: v for k, v in common.items() if k != "attn_implementation"})
+    config._attn_implementation = "eager"
+    return config
+
+
+def build(model_type, dtype, device, seed=0):
+    torch.manual_seed(seed)
+    module, _, _, causal_cls, _ = hf._classes(model_type)
+    model = causal_cls(tiny_config(model_type)).to(device=device, dtype=dtype)
+    # Gemma's norms start at weight 0 and Llama's at 1: move them off their
+    # initial values so a wrong offset or a dropped weight shows
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(torch.randn_like(p) * 0.1)
+    return model
+
+
+@pytest.fixture
+def restore_modeling():
+    """Class patching replaces module-level names: put them back afterwards."""
+    saved = []
+    for model_type, entry in hf.SUPPORTED.items():
+        module = importlib.import_module(entry[0])
+        causal_cls = getattr(module, entry[3])
+        saved.append((module, dict(vars(module)), causal_cls, causal_cls.__dict__.get("_loss_function")))
+    yield
+    for module, names, causal_cls, loss in saved:
+        for key, value in names.items():
+            if getattr(module, key, None) is not value:
+                setattr(module, key, value)
+        if loss is None and "_loss_function" in causal_cls.__dict__:
+            delattr(causal_cls, "_loss_function")
+
+
+def batch(model, device, seed=1, rows=2, seq=12):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, model.config.vocab_size, (rows, seq), generator=g).to(device)
+    labels = ids.clone()
+    labels[0, :3] = -100
+    return ids, labels
+
+
+def forward_backward(model, ids, labels):
+    model.zero_grad(set_to_none=True)
+    out = model(input_ids=ids, labels=labels)
+    out.loss.backward()
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    return out.logits.detach(), out.loss.detach(), grads
+
+
+def patched_count(model):
+    return sum(1 for m in model.modules() if getattr(type(m), "_opsmith_patched", False))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("model_type", sorted(hf.SUPPORTED))
+def test_patched_instance_matches_float32(model_type, device, restore_modeling):
+    ref = build(model_type, torch.float32, device)
+    model = copy.deepcopy(ref)
+    assert hf.patch(model) is model
+    # every norm and every MLP of the model computes through opsmith
+    layers = model.config.num_hidden_layers
+    norms_per_layer = {"gemma2": 4, "qwen3": 4}.get(model_type, 2)
+    assert patched_count(model) == layers * (norms_per_layer + 1) + 1
+    assert isinstance(model.model.norm, hf._classes(model_type)[1])  # still the Hugging Face class
+    assert model.state_dict().keys() == ref.state_dict().keys()
+    ids, labels = batch(model, device)
+    logits_r, loss_r, grads_r = forward_backward(ref, ids, labels)
+    logits, loss, grads = forward_backward(model, ids, labels)
+    torch.testing.assert_close(logits, logits_r, rtol=2e-5, atol=2e-5)
+    torch.testing.assert_close(loss, loss_r, rtol=2e-5, atol=2e-5)
+    assert grads.keys() == grads_r.keys() and len(grads) == len(list(model.parameters()))
+    for name in grads:
+        assert grads[name].abs().sum() > 0, name
+        torch.testing.assert_close(grads[name], grads_r[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("model_type", ["llama", "gemma"])
+def test_patched_bf16_matches_within_bf16(model_type, device, restore_modeling):
+    """bf16 models with the architecture's own casting (Llama rounds x_hat to
+    bf16 before the weight; Gemma stays in float32): the patched model's
+    logits and loss agree with the unpatched one's to bf16 rounding."""
+    ref = build(model_type, torch.bfloat16, device)
+    model = hf.patch(copy.deepcopy(ref))
+    ids, labels = batch(model, device)
+    logits_r, loss_r, grads_r = forward_backward(ref, ids, labels)
+    logits, loss, grads = forward_backward(model, ids, labels)
+    assert logits.dtype == logits_r.dtype
+    scale = logits_r.float().abs().max()
+    assert (logits.float() - logits_r.float()).abs().max() <= 0.02 * scale
+    assert abs(loss.item() - loss_r.item()) <= 0.01 * abs(loss_r.item())
+    for name in grads_r:
+        g, r = grads[name].float(), grads_r[name].float()
+        assert (g - r).norm() <= 0.05 * r.norm() + 1e-6, name
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen2", "gemma2"])
+def test_twenty_training_steps_track(model_type, restore_modeling):
+    ref = build(model_type, torch.float32, "cpu")
+    model = hf.patch(copy.deepcopy(ref))
+    opt_r = torch.optim.AdamW(ref.parameters(), lr=3e-3)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses_r, losses = [], []
+    for step in range(20):
+        ids, labels = batch(model, "cpu", seed=100 + step % 2)  # two batches: it can learn them
+        for m, o, out in ((ref, opt_r, losses_r), (model, opt, losses)):
+            o.zero_grad(set_to_none=True)
+            loss = m(input_ids=ids, labels=labels).loss
+            loss.backward()
+            o.step()
+            out.append(loss.item())
+    assert losses[-1] < losses[0]  # it trains
+    for a, b in zip(losses, losses_r):
+        assert abs(a - b) <= 1e-4 * max(1.0, abs(b))
+
+
+def test_class_patch_before_building(restore_modeling):
+    """Patching the classes first: every model built afterwards uses opsmith
+    from the start, with the weights Hugging Face initialises."""
+    ref = build("qwen3", torch.float32, "cpu")
+    hf.patch_qwen3()
+    model = build("qwen3", torch.float32, "cpu")
+    assert patched_count(model) == 2 * 5 + 1
+    for (n, p), (_, q) in zip(model.named_parameters(), ref.named_parameters()):
+        assert torch.equal(p, q), n
+    ids, labels = batch(model, "cpu")
+    torch.testing.assert_close(model(input_ids=ids, labels=labels).logits,
+                               ref(input_ids=ids, labels=labels).logits, rtol=2e-5, atol=2e-5)
+    # patching a class object works the same way, and twice is harmless
+    module, norm_cls, mlp_cls, causal_cls, _ = hf._classes("llama")
+    assert hf.patch(causal_cls) is causal_cls
+    hf.patch(causal_cls)
+    assert getattr(module, norm_cls.__name__)._opsmith_patched
+    assert getattr(module, mlp_cls.__name__).__mro__[1] is mlp_cls
+
+
+def test_patching_twice_and_flags(restore_modeling):
+    ref = build("llama", torch.float32, "cpu")
+    model = hf.patch(hf.patch(copy.deepcopy(ref), glu=False))
+    assert patched_count(model) == 2 * 3 + 1  # the second call added the MLPs
+    only_norms = hf.patch(copy.deepcopy(ref), glu=False)
+    assert patched_count(only_norms) == 2 * 2 + 1
+
+
+def test_unsupported_model_type_names_the_supported_ones():
+    config = transformers.AutoConfig.for_model("gpt2", n_layer=1, n_embd=32, n_head=2, vocab_size=64,
+                                               bos_token_id=0, eos_token_id=0)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    with pytest.raises(hf.UnsupportedModelError, match="gpt2.*supported: gemma, gemma2, llama, mistral, qwen2, qwen3"):
+        hf.patch(model)
+    with pytest.raises(hf.UnsupportedModelError, match="supported"):
+        hf.patch(model_type="bert")
+    with pytest.raises(ValueError, match="patch_gemma was given a llama model"):
+        hf.patch_gemma(build("llama", torch.float32, "cpu"))
+    with pytest.raises(TypeError, match="expected a model"):
+        hf.patch(42)
+
+
+def test_unknown_activation_is_left_alone(restore_modeling):
+    model = build("llama", torch.float32, "cpu")
+    model.model.layers[0].mlp.act_fn = torch.nn.ReLU()
+    hf.patch(model)
+    assert not getattr(type(model.model.layers[0].mlp), "_opsmith_patched", False)
+    assert getattr(type(model.model.layers[1].mlp), "_opsmith_patched", False)
+
+
+def test_patched_model_trains_under_compile(restore_modeling):
+    model = hf.patch(build("llama", torch.float32, "cpu"))
+    ref = build("llama", torch.float32, "cpu")
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=False)
+    ids, labels = batch(model, "cpu")
+    loss = compiled(input_ids=ids, labels=labels).loss
+    loss.backward()
+    loss_r = ref(input_ids=ids, labels=labels).loss
+    torch.testing.assert_close(loss, loss_r, rtol=2e-5, atol=2e-5)
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("weight_dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("model_type", sorted(hf.SUPPORTED))
+def test_patched_norm_rounds_as_the_architecture(model_type, weight_dtype, device, restore_modeling):
+    """bf16 activations with bf16 or float32 norm weights (as under autocast):
+    the patched norm rounds where the architecture's own does (Llama: x_hat
+    to bf16, then the weight multiply in the promoted dtype; Gemma: float32
+    throughout), so the outputs agree bit for bit but for the rare element
+    where a sum order moves the last bit, and have the same dtype."""
+    norm_cls = hf._classes(model_type)[1]
+    ref = norm_cls(256, eps=1e-6).to(device=device, dtype=weight_dtype)
+    with torch.no_grad():
+        ref.weight.copy_(torch.randn(256) * 0.5)
+    norm = copy.deepcopy(ref)
+    hf.patch(torch.nn.Sequential(norm), model_type=model_type)
+    assert type(norm)._opsmith_patched
+    x = torch.randn(8, 16, 256, device=device).mul(3).to(torch.bfloat16)
+    y, r = norm(x), ref(x)
+    assert y.dtype == r.dtype
+    assert (y == r).float().mean() >= 0.999
+    torch.testing.assert_close(y, r)
