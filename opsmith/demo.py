@@ -1,4 +1,4 @@
-"""The demo: RMSNorm forward+backward through route A and route B on the best
+"""`opsmith demo --kernels`: RMSNorm forward+backward through route A and route B on the best
 device present, checked against PyTorch in float64, timed against eager
 PyTorch (torch.nn.functional.rms_norm), printed as a table."""
 import sys
@@ -7,7 +7,6 @@ import time
 
 import torch
 
-from ._cli import Parser
 
 import opsmith
 import opsmith.pybind
@@ -63,24 +62,25 @@ def _time_pair_ms(fa, fb, device, repeats=9, batch_s=0.03):
     return tuple(statistics.median(t) for t in times)
 
 
-def main(argv=None) -> int:
-    parser = Parser(prog="opsmith demo", description="RMSNorm forward+backward through both "
-                                     "routes on one device, checked against PyTorch in float64 and timed")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
-                        help="cpu, cuda or cuda:N (default: cuda when a GPU is present)")
-    args = parser.parse_args(argv)
+def check_device(arg: str, prog: str):
+    """torch.device for --device, or None after a one-line message (exit 2)."""
     try:
-        device = torch.device(args.device)
+        device = torch.device(arg)
     except RuntimeError:
-        print(f"opsmith demo: --device {args.device!r} is not a device (cpu, cuda, cuda:N)", file=sys.stderr)
-        return 2
+        print(f"{prog}: --device {arg!r} is not a device (cpu, cuda, cuda:N)", file=sys.stderr)
+        return None
     if device.type not in ("cpu", "cuda"):
-        print(f"opsmith demo: --device {args.device!r}: opsmith runs on cpu and cuda", file=sys.stderr)
-        return 2
+        print(f"{prog}: --device {arg!r}: opsmith runs on cpu and cuda", file=sys.stderr)
+        return None
     if device.type == "cuda" and (not torch.cuda.is_available() or (device.index or 0) >= torch.cuda.device_count()):
         have = f"{torch.cuda.device_count()} CUDA device(s)" if torch.cuda.is_available() else "no CUDA device"
-        print(f"opsmith demo: --device {args.device!r}, but this machine has {have}", file=sys.stderr)
-        return 2
+        print(f"{prog}: --device {arg!r}, but this machine has {have}", file=sys.stderr)
+        return None
+    return device
+
+
+def run_kernel_check(device) -> int:
+    """`opsmith demo --kernels`: the table described at the top."""
     shapes = [(4096, 4096), (1024, 8192)] if device.type == "cuda" else [(256, 1024), (64, 4096)]
     gen = torch.Generator(device="cpu").manual_seed(0)
 

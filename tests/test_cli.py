@@ -52,6 +52,8 @@ BAD = [
     (("bench", "--dtypes", "int8"), r"opsmith bench: argument --dtypes"),
     (("demo", "--device", "banana"), r"opsmith demo: --device 'banana' is not a device"),
     (("demo", "--device", "cuda:7"), r"opsmith demo: --device 'cuda:7', but this machine has"),
+    (("demo", "--steps", "0"), r"opsmith demo: --steps must be at least 1, got 0"),
+    (("demo", "--config", "huge"), r"opsmith demo: argument --config: invalid choice"),
 ]
 
 
@@ -72,3 +74,23 @@ def test_cuda_asked_for_where_there_is_none():
     assert p.returncode == 2 and "no CUDA device" in p.stderr, p.stderr
     p = cli("bench", "--quick")
     assert p.returncode == 2 and "needs a CUDA device" in p.stderr, p.stderr
+
+
+def test_demo_trains_both_models_and_writes_its_outputs(tmp_path):
+    """A short run of the main job: both models from one seed, losses printed
+    side by side and agreeing, tokens/s, per-op times, the plots and JSON."""
+    p = cli("demo", "--device", "cpu", "--steps", "6", "--out", str(tmp_path))
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "losses agree" in p.stdout and "tokens/s" in p.stdout and "rms_norm" in p.stdout, p.stdout
+    import json
+    result = json.loads((tmp_path / "demo.json").read_text())
+    ours, theirs = result["runs"]["opsmith"]["losses"], result["runs"]["torch"]["losses"]
+    assert len(ours) == len(theirs) >= 2 and ours[0] == theirs[0]  # the same start
+    assert result["max_loss_diff"] <= result["tolerance"]
+    assert (tmp_path / "loss_curves.png").stat().st_size > 1000
+
+
+def test_demo_kernels_check_still_runs():
+    p = cli("demo", "--device", "cpu", "--kernels")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "routes A and B identical" in p.stdout
