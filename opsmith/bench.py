@@ -378,7 +378,23 @@ def main(argv=None) -> int:
                              "(default with --quick), or skip")
     routes.add_argument("--backend", default=None,
                         help="with --routes: torch.compile backend (default inductor; aot_eager with --quick)")
+    e2e = parser.add_argument_group("--e2e", "a Hugging Face Llama-3.2-1B training step under each configuration "
+                                    "(opsmith/e2e_bench.py)")
+    e2e.add_argument("--e2e", action="store_true", help="eager, torch.compile, Liger-patched, opsmith-patched "
+                     "(and compiled): tokens/s and peak memory (CUDA)")
+    e2e.add_argument("--batch", type=int, default=4, help="with --e2e: sequences a step (default 4)")
+    e2e.add_argument("--seq", type=int, default=4096, help="with --e2e: tokens a sequence (default 4096)")
+    e2e.add_argument("--configs", nargs="*", default=None, help="with --e2e: a subset of the configurations")
+    e2e.add_argument("--max-batch", action="store_true", help="with --e2e: also the largest batch each fits")
     args = parser.parse_args(argv)
+    if args.e2e:
+        from .e2e_bench import CONFIGS, run as run_e2e
+        configs = args.configs or list(CONFIGS)
+        bad = [c for c in configs if c not in CONFIGS]
+        if bad:
+            parser.error(f"--configs: unknown {', '.join(bad)} (choose from {', '.join(CONFIGS)})")
+        return run_e2e(args.out or os.path.join("bench", "results", "latest-e2e"), configs, args.batch, args.seq,
+                       find_max=args.max_batch)
     if args.routes:
         from .route_bench import run as run_routes
         device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")

@@ -74,6 +74,8 @@ def test_cuda_asked_for_where_there_is_none():
     assert p.returncode == 2 and "no CUDA device" in p.stderr, p.stderr
     p = cli("bench", "--quick")
     assert p.returncode == 2 and "needs a CUDA device" in p.stderr, p.stderr
+    p = cli("bench", "--e2e")
+    assert p.returncode == 2 and "needs a CUDA device" in p.stderr, p.stderr
 
 
 def test_demo_trains_both_models_and_writes_its_outputs(tmp_path):

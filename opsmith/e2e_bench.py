@@ -1,0 +1,201 @@
+"""`python -m opsmith bench --e2e`: one full training step (forward, backward,
+optimizer) of a Hugging Face Llama with the Llama-3.2-1B configuration
+(random weights), bfloat16, sequence 4096, under each configuration:
+
+    hf_eager         Hugging Face as it is (fused torch AdamW)
+    hf_compile       the same under torch.compile
+    liger            Liger-Kernel's apply_liger_kernel_to_llama (fused torch AdamW)
+    opsmith          opsmith.hf.patch_llama (and opsmith's AdamW where this build has it)
+    opsmith_compile  the same under torch.compile
+
+Each configuration runs in its own process (patches are process-wide and
+memory is measured from a clean start): tokens/s over timed steps after
+warm-up, and the peak allocated memory. `--max-batch` also finds the largest
+batch each fits (doubling, then bisecting). Results as JSON, a Markdown table
+and a PNG under --out."""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+CONFIGS = ("hf_eager", "hf_compile", "liger", "opsmith", "opsmith_compile")
+
+LLAMA_3_2_1B = dict(
+    vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+    num_key_value_heads=8, head_dim=64, max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=500000.0,
+    rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                  "original_max_position_embeddings": 8192},
+    tie_word_embeddings=True, hidden_act="silu", attention_bias=False, mlp_bias=False)
+
+
+def one(config: str, batch: int, seq: int, steps: int, warmup: int) -> dict:
+    """Runs in a child process: build, patch, train `warmup + steps` steps."""
+    import torch
+    import transformers
+    torch.manual_seed(0)
+    device = torch.device("cuda")
+    optimizer_name = "torch AdamW (fused)"
+    if config.startswith("liger"):
+        from liger_kernel.transformers import apply_liger_kernel_to_llama
+        apply_liger_kernel_to_llama()
+    if config.startswith("opsmith"):
+        import opsmith.hf
+        opsmith.hf.patch_llama()
+    cfg = transformers.LlamaConfig(**LLAMA_3_2_1B)
+    cfg._attn_implementation = "sdpa"
+    model = transformers.LlamaForCausalLM(cfg).to(device=device, dtype=torch.bfloat16)
+    model.train()
+    opt = None
+    if config.startswith("opsmith"):
+        try:
+            import opsmith.optim
+            opt = opsmith.optim.AdamW(model.parameters(), lr=1e-5)
+            optimizer_name = "opsmith AdamW"
+        except ImportError:
+            pass
+    if opt is None:
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+    step_model = torch.compile(model) if config.endswith("compile") else model
+    g = torch.Generator(device=device).manual_seed(1)
+    ids = torch.randint(0, cfg.vocab_size, (batch, seq), device=device, generator=g)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss = step_model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        return loss
+
+    for _ in range(warmup):
+        loss = step()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(steps):
+        loss = step()
+    end.record()
+    end.synchronize()
+    ms = start.elapsed_time(end) / steps
+    return {"config": config, "batch": batch, "seq": seq, "ms_per_step": ms,
+            "tokens_per_s": batch * seq / (ms / 1e3), "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
+            "loss": loss.item(), "optimizer": optimizer_name, "transformers": transformers.__version__,
+            "torch": torch.__version__, "gpu": torch.cuda.get_device_name()}
+
+
+def _child(config, batch, seq, steps, warmup, timeout):
+    cmd = [sys.executable, "-m", "opsmith.e2e_bench", "--one", config, "--batch", str(batch), "--seq", str(seq),
+           "--steps", str(steps), "--warmup", str(warmup)]
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"config": config, "batch": batch, "error": f"timed out after {timeout} s"}
+    for line in reversed(p.stdout.splitlines()):
+        if line.startswith("{"):
+            return json.loads(line)
+    tail = (p.stderr or p.stdout).strip().splitlines()[-3:]
+    oom = any("OutOfMemory" in l or "out of memory" in l for l in (p.stderr or "").splitlines())
+    return {"config": config, "batch": batch, "error": "out of memory" if oom else " | ".join(tail)[-400:]}
+
+
+def max_batch(config, seq, timeout, limit=64):
+    """The largest batch that trains a step without running out of memory."""
+    ok, bad, b = 0, None, 1
+    while bad is None and b <= limit:
+        r = _child(config, b, seq, 1, 1, timeout)
+        if "error" in r:
+            bad = b
+        else:
+            ok, b = b, b * 2
+    if bad is None:
+        return ok
+    while bad - ok > 1:
+        mid = (ok + bad) // 2
+        r = _child(config, mid, seq, 1, 1, timeout)
+        ok, bad = (mid, bad) if "error" not in r else (ok, mid)
+    return ok
+
+
+def table(results) -> str:
+    rows = ["| configuration | batch x seq | tokens/s | ms/step | peak GiB | max batch | optimizer | loss |",
+            "|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        if "error" in r:
+            rows.append(f"| {r['config']} | {r.get('batch')} | failed: {r['error']} | | | | | |")
+            continue
+        rows.append(f"| {r['config']} | {r['batch']}x{r['seq']} | {r['tokens_per_s']:,.0f} | {r['ms_per_step']:.1f} | "
+                    f"{r['peak_gib']:.1f} | {r.get('max_batch', '')} | {r['optimizer']} | {r['loss']:.4f} |")
+    return "\n".join(rows)
+
+
+def plot(results, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    ok = [r for r in results if "error" not in r]
+    if not ok:
+        return
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    names = [r["config"] for r in ok]
+    axes[0].bar(names, [r["tokens_per_s"] for r in ok])
+    axes[0].set_ylabel("tokens/s")
+    axes[1].bar(names, [r["peak_gib"] for r in ok], color="tab:orange")
+    axes[1].set_ylabel("peak GiB")
+    for ax in axes:
+        ax.tick_params(axis="x", rotation=20)
+    fig.suptitle(f"Llama-3.2-1B config, bf16, batch {ok[0]['batch']} x {ok[0]['seq']}: one training step")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def run(out_dir, configs=CONFIGS, batch=4, seq=4096, steps=5, warmup=3, find_max=False, timeout=900) -> int:
+    import torch
+    if not torch.cuda.is_available():
+        print("opsmith bench --e2e: needs a CUDA device", file=sys.stderr)
+        return 2
+    os.makedirs(out_dir, exist_ok=True)
+    results = []
+    for config in configs:
+        t0 = time.time()
+        r = _child(config, batch, seq, steps, warmup, timeout)
+        if find_max and "error" not in r:
+            r["max_batch"] = max_batch(config, seq, timeout)
+        results.append(r)
+        print(f"{config}: " + (f"{r['tokens_per_s']:,.0f} tokens/s, peak {r['peak_gib']:.1f} GiB"
+                               if "error" not in r else f"failed: {r['error']}") + f" ({time.time() - t0:.0f} s)",
+              flush=True)
+    with open(os.path.join(out_dir, "e2e.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    text = table(results)
+    with open(os.path.join(out_dir, "e2e.md"), "w") as f:
+        f.write(text + "\n")
+    plot(results, os.path.join(out_dir, "e2e.png"))
+    print(text)
+    return 0 if all("error" not in r for r in results) else 1
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="opsmith.e2e_bench")
+    p.add_argument("--one", choices=CONFIGS)
+    p.add_argument("--configs", nargs="*", choices=CONFIGS, default=list(CONFIGS))
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--seq", type=int, default=4096)
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--max-batch", action="store_true")
+    p.add_argument("--out", default=os.path.join("bench", "results", "latest-e2e"))
+    args = p.parse_args(argv)
+    if args.one:
+        print(json.dumps(one(args.one, args.batch, args.seq, args.steps, args.warmup)))
+        return 0
+    return run(args.out, args.configs, args.batch, args.seq, args.steps, args.warmup, args.max_batch)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
