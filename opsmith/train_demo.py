@@ -331,35 +331,34 @@ def plot(out_dir: pathlib.Path, runs: dict, ops: dict, title: str) -> List[str]:
     except ImportError:
         print("matplotlib missing: no plots written", file=sys.stderr)
         return []
-    written = []
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for label, run in runs.items():
-        steps, losses = zip(*run["losses"])
-        ax.plot(steps, losses, label=label, linestyle="-" if label == "opsmith" else "--")
-    ax.set_xlabel("step")
-    ax.set_ylabel("training loss (nats/byte)")
-    ax.set_title(title)
-    ax.legend()
-    fig.tight_layout()
-    path = out_dir / "loss_curves.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    written.append(str(path))
-    fig, ax = plt.subplots(figsize=(7, 4))
-    names = list(ops)
-    xs = range(len(names))
-    ax.bar([i - 0.2 for i in xs], [ops[n]["opsmith"] for n in names], width=0.4, label="opsmith")
-    ax.bar([i + 0.2 for i in xs], [ops[n]["torch"] for n in names], width=0.4, label="PyTorch")
-    ax.set_xticks(list(xs))
-    ax.set_xticklabels(names, rotation=15)
-    ax.set_ylabel("forward+backward ms")
-    ax.set_title("per-op time at the model's shapes")
-    ax.legend()
-    fig.tight_layout()
-    path = out_dir / "op_times.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    written.append(str(path))
+    def figure(name, ylabel, title_text, draw):
+        fig, ax = plt.subplots(figsize=(7, 4))
+        draw(ax)
+        ax.set_ylabel(ylabel)
+        ax.set_title(title_text)
+        ax.legend()
+        fig.tight_layout()
+        path = out_dir / name
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        return str(path)
+
+    def curves(ax):
+        for label, run in runs.items():
+            steps, losses = zip(*run["losses"])
+            ax.plot(steps, losses, label=label, linestyle="-" if label == "opsmith" else "--")
+        ax.set_xlabel("step")
+
+    def bars(ax):
+        names = list(ops)
+        xs = range(len(names))
+        ax.bar([i - 0.2 for i in xs], [ops[n]["opsmith"] for n in names], width=0.4, label="opsmith")
+        ax.bar([i + 0.2 for i in xs], [ops[n]["torch"] for n in names], width=0.4, label="PyTorch")
+        ax.set_xticks(list(xs))
+        ax.set_xticklabels(names, rotation=15)
+
+    written = [figure("loss_curves.png", "training loss (nats/byte)", title, curves),
+               figure("op_times.png", "forward+backward ms", "per-op time at the model's shapes", bars)]
     return written
 
 
