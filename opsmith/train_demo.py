@@ -165,9 +165,11 @@ class Block(torch.nn.Module):
         """h: residual stream before this block's add; delta: the previous
         sublayer's output (zeros for the first block). Returns (h, delta)."""
         if self.use_opsmith:
-            y, h = self.attn_norm(delta, h)
+            # under autocast the sublayers give bf16 while the residual stream
+            # stays float32: the fused add takes both in the stream's dtype
+            y, h = self.attn_norm(delta.to(h.dtype), h)
             a = self.attention(y, cos, sin)
-            y, h = self.mlp_norm(a, h)
+            y, h = self.mlp_norm(a.to(h.dtype), h)
             return h, self.mlp(y)
         h = h + delta
         h = h + self.attention(self.attn_norm(h), cos, sin)
@@ -195,7 +197,7 @@ class TinyLlama(torch.nn.Module):
         for block in self.blocks:
             h, delta = block(h, delta, self.cos, self.sin)
         if self.use_opsmith:
-            y, _ = self.norm(delta, h)
+            y, _ = self.norm(delta.to(h.dtype), h)
         else:
             y = self.norm(h + delta)
         logits = self.lm_head(y).flatten(0, 1)
