@@ -250,9 +250,6 @@ namespace opsmith {
 
 namespace {
 
-constexpr const char *kNotTwice =
-    "rotary: double backward is not supported (the backward of the rotary embedding is not differentiable)";
-
 const auto &rotary_fwd_op() { return dispatcher_op<rotary_fwd>("opsmith::rotary_fwd"); }
 const auto &rotary_bwd_op() { return dispatcher_op<rotary_bwd>("opsmith::rotary_bwd"); }
 const auto &rotary_inplace_op() { return dispatcher_op<rotary_inplace>("opsmith::rotary_"); }
@@ -262,11 +259,14 @@ void refuse_cos_sin_grad(const at::Tensor &cos, const at::Tensor &sin) {
                 ": cos and sin must not require grad (no gradient flows to them); pass cos.detach(), sin.detach()");
 }
 
-// grad_fn of q_out and k_out: the transpose rotation of their gradients,
-// from the saved cos/sin (and positions): no activation is kept.
+// grad_fn of rotary_fwd's outputs (transpose_ = true: their gradients are
+// rotary_bwd of the incoming ones) and of rotary_bwd's (false: rotary_fwd).
+// The op is linear in q and k, so this is the whole derivative; only cos/sin
+// (and positions) are kept. The call goes through the dispatcher's Autograd
+// key: under create_graph it records itself, so every order of derivative works.
 struct RotaryBackward : public torch::autograd::Node {
     SavedVariable cos_, sin_, pos_;
-    bool has_pos_ = false, has_k_ = false, interleaved_ = false;
+    bool transpose_ = true, has_pos_ = false, has_k_ = false, interleaved_ = false;
     std::optional<int64_t> rotary_dim_;
     std::string layout_;
     std::vector<int64_t> q_shape_;
@@ -282,12 +282,9 @@ struct RotaryBackward : public torch::autograd::Node {
                                                                          : std::nullopt;
         const at::Tensor cos = cos_.unpack(), sin = sin_.unpack();
         at::Tensor dq, dkk;
-        {
-            at::AutoDispatchBelowADInplaceOrView below_autograd;
-            std::tie(dq, dkk) = rotary_bwd_op().call(dq_out, dk, cos, sin, pos, interleaved_, rotary_dim_, layout_);
-        }
+        std::tie(dq, dkk) = (transpose_ ? rotary_bwd_op() : rotary_fwd_op())
+                                .call(dq_out, dk, cos, sin, pos, interleaved_, rotary_dim_, layout_);
         if (!dk.has_value()) dkk = at::Tensor();
-        refuse_double_backward(kNotTwice, {dq, dkk}, dq_out, tensor_or_undefined(dk));
         return {dq, dkk};
     }
     void release_variables() override {
@@ -295,24 +292,27 @@ struct RotaryBackward : public torch::autograd::Node {
         sin_.reset_data();
         pos_.reset_data();
     }
-    std::string name() const override { return "RotaryBackward"; }
+    std::string name() const override { return transpose_ ? "RotaryBackward" : "RotaryBackwardBackward"; }
 };
 
-std::tuple<at::Tensor, at::Tensor> rotary_fwd_autograd(const at::Tensor &q, const std::optional<at::Tensor> &k,
-                                                       const at::Tensor &cos, const at::Tensor &sin,
-                                                       const std::optional<at::Tensor> &position_ids,
-                                                       bool interleaved, std::optional<int64_t> rotary_dim,
-                                                       const std::string &layout) {
+// The Autograd kernel of rotary_fwd (transpose = true) and rotary_bwd (false).
+std::tuple<at::Tensor, at::Tensor> rotary_autograd(bool transpose, const at::Tensor &q,
+                                                   const std::optional<at::Tensor> &k, const at::Tensor &cos,
+                                                   const at::Tensor &sin, const std::optional<at::Tensor> &position_ids,
+                                                   bool interleaved, std::optional<int64_t> rotary_dim,
+                                                   const std::string &layout) {
     refuse_forward_ad(kOp, q, tensor_or_undefined(k), cos, sin);
     refuse_cos_sin_grad(cos, sin);
     at::Tensor q_out, k_out;
     {
         at::AutoDispatchBelowADInplaceOrView below_autograd;
-        std::tie(q_out, k_out) = rotary_fwd_op().call(q, k, cos, sin, position_ids, interleaved, rotary_dim, layout);
+        std::tie(q_out, k_out) = (transpose ? rotary_fwd_op() : rotary_bwd_op())
+                                     .call(q, k, cos, sin, position_ids, interleaved, rotary_dim, layout);
     }
     if (torch::autograd::compute_requires_grad(q, k)) {
         auto node = std::make_shared<RotaryBackward>();
         node->set_next_edges(torch::autograd::collect_next_edges(q, k));
+        node->transpose_ = transpose;
         node->cos_ = SavedVariable(cos, false);
         node->sin_ = SavedVariable(sin, false);
         node->has_pos_ = position_ids.has_value();
@@ -329,19 +329,20 @@ std::tuple<at::Tensor, at::Tensor> rotary_fwd_autograd(const at::Tensor &q, cons
     return {q_out, k_out};
 }
 
+std::tuple<at::Tensor, at::Tensor> rotary_fwd_autograd(const at::Tensor &q, const std::optional<at::Tensor> &k,
+                                                       const at::Tensor &cos, const at::Tensor &sin,
+                                                       const std::optional<at::Tensor> &position_ids,
+                                                       bool interleaved, std::optional<int64_t> rotary_dim,
+                                                       const std::string &layout) {
+    return rotary_autograd(true, q, k, cos, sin, position_ids, interleaved, rotary_dim, layout);
+}
+
 std::tuple<at::Tensor, at::Tensor> rotary_bwd_autograd(const at::Tensor &dq_out, const std::optional<at::Tensor> &dk_out,
                                                        const at::Tensor &cos, const at::Tensor &sin,
                                                        const std::optional<at::Tensor> &position_ids,
                                                        bool interleaved, std::optional<int64_t> rotary_dim,
                                                        const std::string &layout) {
-    refuse_forward_ad(kOp, dq_out, tensor_or_undefined(dk_out), cos, sin);
-    at::Tensor dq, dk;
-    {
-        at::AutoDispatchBelowADInplaceOrView below_autograd;
-        std::tie(dq, dk) = rotary_bwd_op().call(dq_out, dk_out, cos, sin, position_ids, interleaved, rotary_dim, layout);
-    }
-    refuse_double_backward(kNotTwice, {dq, dk}, dq_out, tensor_or_undefined(dk_out), cos, sin);
-    return {dq, dk};
+    return rotary_autograd(false, dq_out, dk_out, cos, sin, position_ids, interleaved, rotary_dim, layout);
 }
 
 void rotary_inplace_autograd(const at::Tensor &q, const std::optional<at::Tensor> &k, const at::Tensor &cos,
@@ -354,8 +355,8 @@ void rotary_inplace_autograd(const at::Tensor &q, const std::optional<at::Tensor
         at::AutoDispatchBelowADInplaceOrView below_autograd;
         rotary_inplace_op().call(q, k, cos, sin, position_ids, interleaved, rotary_dim, layout);
     }
-    torch::autograd::increment_version(q);
-    if (k.has_value()) torch::autograd::increment_version(*k);
+    torch::autograd::impl::bump_version(q);
+    if (k.has_value()) torch::autograd::impl::bump_version(*k);
 }
 
 } // namespace

@@ -125,6 +125,20 @@ def _rotary_inplace_fake(q, k, cos, sin, position_ids=None, interleaved=False, r
     return None
 
 
+# --- vmap: refused clearly (a batch dim over q, k and cos/sin at once has no
+# single [B, S] folding; call the op on the batched shape instead) ------------
+
+def _no_vmap(name):
+    def rule(info, in_dims, *args):
+        raise RuntimeError(f"rotary: torch.func.vmap is not supported ({name}); apply the rotation to the batched "
+                           "tensors directly (any batch size B)")
+    return rule
+
+
+for _name in ("rotary_fwd", "rotary_bwd", "rotary_"):
+    torch.library.register_vmap(f"opsmith::{_name}", _no_vmap(_name))
+
+
 # --- route A: pybind11 + torch.autograd.Function -------------------------------------
 
 from . import route_a as _pybind
