@@ -11,6 +11,7 @@ None, the in-place op, positions out of range, and the CUDA kernel's paths
 (16-byte packs and the scalar fallback: odd head dims, misaligned views,
 float32 cos/sin beside 16-bit q) against float64."""
 import math
+import zlib
 
 import pytest
 import torch
@@ -323,7 +324,7 @@ CUDA_SHAPES = [  # (B, S, Hq, Hk, D, R)
 @pytest.mark.parametrize("variant", ["bhsd", "bshd-view", "fused", "cache", "misaligned", "f32-cos"])
 def test_cuda_against_float64(dtype, shape, interleaved, variant):
     b, s, hq, hk, d, r = shape
-    gen = torch.Generator().manual_seed(hash((shape, interleaved, variant)) % 2**31)
+    gen = torch.Generator().manual_seed(zlib.crc32(repr((shape, interleaved, variant)).encode()))
     layout = "bhsd"
     q = torch.randn(b, hq, s, d, generator=gen).to("cuda", dtype)
     k = torch.randn(b, hk, s, d, generator=gen).to("cuda", dtype) if hk else None

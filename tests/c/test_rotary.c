@@ -436,6 +436,8 @@ HARNESS_GROUP(test_rotary) {
         {1, 1, 8, 2, 128, 128, LAYOUT_BHSD, CS_CACHE, 0},   {2, 2, 2, 2, 6, 2, LAYOUT_BSHD, CS_SHARED, 3},
         {1, 3, 2, 1, 512, 384, LAYOUT_BHSD, CS_PER_ROW, 0}, {1, 6, 4, 2, 80, 64, LAYOUT_FUSED, CS_CACHE, 1},
         {0, 3, 2, 1, 16, 16, LAYOUT_BHSD, CS_PER_ROW, 0},
+        /* more packs than a block's threads (the CUDA pack loop); more heads than fit in one pass of y */
+        {1, 2, 2, 1, 2048, 2048, LAYOUT_BSHD, CS_SHARED, 0}, {1, 2, 300, 7, 2, 2, LAYOUT_BSHD, CS_PER_ROW, 0},
     };
     for (int di = 0; di < 4; di++) {
         const opsmith_dtype dt = (opsmith_dtype)di;
