@@ -396,3 +396,24 @@ def test_cuda_route_a_equals_route_b_and_cpu_close():
     for x, y, z in zip(a, b, c):
         assert torch.equal(x, y)
         close(x.cpu(), z, torch.bfloat16, "CUDA vs CPU")
+
+
+@requires_cuda
+def test_cuda_more_than_2_31_elements():
+    # q of 2^31 + 384 elements (int64 offsets everywhere); rows at both ends checked
+    if torch.cuda.get_device_properties(0).total_memory < 40e9:
+        pytest.skip("needs a CUDA GPU with more than 40 GB")
+    s, d = (1 << 24) + 3, 128
+    q = torch.randn(1, s, 1, d, device="cuda", dtype=torch.bfloat16)
+    cache_cos, cache_sin = angles(1, 64, d, "cuda")
+    pos = torch.arange(s, device="cuda") % 64
+    out, _ = opsmith.apply_rotary(q, None, cache_cos[0], cache_sin[0], pos, layout="bshd")
+    wants = {}
+    for rows in (slice(0, 5), slice(s - 5, s)):
+        p = pos[rows]
+        wants[rows.start] = want = reference(q[:, rows], cache_cos[0][p][None], cache_sin[0][p][None], layout="bshd")
+        close(out[:, rows], want, torch.bfloat16, f"rows {rows}")
+    del out
+    opsmith.apply_rotary(q, None, cache_cos[0], cache_sin[0], pos, layout="bshd", inplace=True)
+    for start, want in wants.items():
+        close(q[:, start:start + 5], want, torch.bfloat16, f"in place, rows from {start}")
