@@ -44,8 +44,8 @@ static int apart(const operand *a, const operand *b, const opsmith_rotary_params
     extent(b, p, es, &blo, &bhi);
     if (ahi <= alo || bhi <= blo || ahi <= blo || bhi <= alo) return 1;
     const int64_t S = a->v->seq_stride;
-    if (S <= 0 || b->v->seq_stride != S || a->v->batch_stride != b->v->batch_stride) return 0;
-    if (p->batch > 1 && a->v->batch_stride % S) return 0;
+    if (S <= 0 || b->v->seq_stride != S) return 0;
+    if (p->batch > 1 && (a->v->batch_stride != b->v->batch_stride || a->v->batch_stride % S)) return 0;
     if (a->v->head_stride < 0 || b->v->head_stride < 0) return 0;
     const uintptr_t lo = (uintptr_t)a->p < (uintptr_t)b->p ? (uintptr_t)a->p : (uintptr_t)b->p;
     const uintptr_t hi = (uintptr_t)a->p < (uintptr_t)b->p ? (uintptr_t)b->p : (uintptr_t)a->p;
