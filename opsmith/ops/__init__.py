@@ -16,6 +16,7 @@ OP_MODULES = (
     "glu",
     "layer_norm",
     "fused_add_rms_norm",
+    "adamw",
 )
 
 _KINDS = ("FUNCTIONS", "MODULES", "PYBIND")
