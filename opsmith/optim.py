@@ -16,7 +16,9 @@ checkpoint moves between the two both ways. The differences:
   torch.nn.utils.clip_grad_norm_ over every param of the optimizer) inside
   the step, without rewriting the grads and without a host synchronisation;
   the norm is kept as a device tensor in ``optimizer.last_grad_norm``;
-* params must be contiguous (float32, bfloat16 or float16), grads dense.
+* params are float32, bfloat16 or float16, grads dense; a non-contiguous
+  param (a transposed or sliced view) is stepped through a contiguous copy
+  (correct, slower).
 
 A float lr is passed to the kernel as a number; an lr given as a float32
 scalar tensor on the params' device is read by the kernel, which makes the
@@ -90,10 +92,6 @@ class AdamW(torch.optim.Optimizer):
             raise RuntimeError("opsmith.optim.AdamW does not support sparse gradients")
         if p.dtype not in (torch.float32, torch.bfloat16, torch.float16):
             raise RuntimeError(f"opsmith.optim.AdamW: params must be float32, bfloat16 or float16, got {p.dtype}")
-        if not p.is_contiguous():
-            raise RuntimeError(f"opsmith.optim.AdamW: params must be contiguous, got a param of shape "
-                               f"{list(p.shape)} with strides {list(p.stride())} (the step updates it as one flat "
-                               f"array in place)")
 
     def _clip_coef(self) -> Optional[Tensor]:
         """The fused global norm over every grad of every group (one launch

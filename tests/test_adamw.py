@@ -218,12 +218,25 @@ def test_master_weights_checkpoint_roundtrip():
     assert o2.state[q[0]]["exp_avg"].dtype == torch.float32
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_non_contiguous_params(device):
+    # a transposed param and a sliced one: stepped through contiguous copies
+    base = torch.randn(6, 5, device=device)
+    wide = torch.randn(4, 9, device=device)
+    pa = [torch.nn.Parameter(base.t()), torch.nn.Parameter(wide[:, ::2]), torch.nn.Parameter(torch.randn(7, device=device))]
+    pb = [torch.nn.Parameter(p.detach().clone()) for p in pa]
+    assert not pa[0].is_contiguous() and not pa[1].is_contiguous()
+    ours, theirs = AdamW(pa, lr=1e-2, max_grad_norm=1.0), torch.optim.AdamW(pb, lr=1e-2)
+    for s in range(5):
+        set_grads(pa, s), set_grads(pb, s)
+        ours.step()
+        torch.nn.utils.clip_grad_norm_(pb, 1.0)
+        theirs.step()
+    assert_close_params(pa, pb)
+    assert pa[0].stride() == (1, 5)
+
+
 def test_refusals():
-    base = torch.randn(6, 5)
-    p = torch.nn.Parameter(base.t())  # non-contiguous
-    p.grad = torch.randn(5, 6)
-    with pytest.raises(RuntimeError, match="params must be contiguous"):
-        AdamW([p]).step()
     q = torch.nn.Parameter(torch.randn(3, dtype=torch.float64))
     q.grad = torch.randn(3, dtype=torch.float64)
     with pytest.raises(RuntimeError, match="params must be float32, bfloat16 or float16"):
@@ -231,6 +244,9 @@ def test_refusals():
     with pytest.raises(ValueError, match="max_grad_norm"):
         AdamW([torch.nn.Parameter(torch.randn(2))], max_grad_norm=0.0)
     # the bridge names the list and the index
+    e = torch.randn(1, 5).expand(3, 5)
+    with pytest.raises(RuntimeError, match=r"adamw_step_: params\[0\] has elements that share memory"):
+        opsmith.adamw_step([e], [torch.randn(3, 5)], [torch.zeros(3, 5)], [torch.zeros(3, 5)], [torch.ones(())])
     x = [torch.randn(4), torch.randn(3)]
     st = [torch.ones(()), torch.ones(())]
     with pytest.raises(RuntimeError, match=r"adamw_step_: grads\[1\] must have the shape of params\[1\] \[3\], got \[2\]"):

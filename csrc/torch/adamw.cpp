@@ -4,7 +4,7 @@
 // csrc/cuda/adamw.cu), its route A binding and its route B registration.
 //
 // adamw_step_ mutates its lists in place (schema Tensor(a!)[]) and returns
-// nothing; an empty max_exp_avg_sqs or master_params list means none.
+// nothing; non-contiguous tensors go through contiguous copies; an empty max_exp_avg_sqs or master_params list means none.
 // lr_tensor and clip_coef are optional float32 scalars on the params'
 // device, read by the kernels (no host synchronisation: CUDA graphs capture
 // the whole step). adamw_grad_norm returns (norm, clip_coef) as float32
@@ -12,6 +12,8 @@
 //
 // Compiled twice, like every bridge: into opsmith._C (route B) and, with
 // OPSMITH_ROUTE_A, into opsmith._pybind (route A).
+#include <ATen/MemoryOverlap.h>
+#include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/ops/empty.h>
 
 #include <optional>
@@ -41,11 +43,11 @@ opsmith_dtype storage_dtype(const at::Tensor &t, const char *op, const char *lis
     }
 }
 
-// Every tensor of `list`: on `device`, contiguous, of `dtype` (the first
-// one's when dtype is Undefined), with ref[i]'s shape when ref is given.
-// Returns the list's dtype.
+// Every tensor of `list`: on `device`, of `dtype` (the first one's when
+// dtype is Undefined), with ref[i]'s shape when ref is given; a mutated one
+// without elements that share memory. Returns the list's dtype.
 at::ScalarType check_list(const char *op, const char *name, at::TensorList list, const at::Device &device,
-                          at::ScalarType dtype, at::TensorList ref, const char *ref_name) {
+                          at::ScalarType dtype, at::TensorList ref, const char *ref_name, bool mutated) {
     for (size_t i = 0; i < list.size(); i++) {
         const at::Tensor &t = list[i];
         const std::string at_i = std::string(name) + "[" + text((int64_t)i) + "]";
@@ -55,8 +57,10 @@ at::ScalarType check_list(const char *op, const char *name, at::TensorList list,
         if (dtype == at::ScalarType::Undefined) dtype = t.scalar_type();
         TORCH_CHECK(t.scalar_type() == dtype, op, ": ", at_i, " must be ", dtype, " like ", name, "[0], got ",
                     t.scalar_type());
-        TORCH_CHECK(t.is_contiguous(), op, ": ", at_i, " must be contiguous (a non-contiguous view cannot be "
-                    "updated in place by a flat multi-tensor kernel), got strides ", text(t.strides()));
+        if (mutated)
+            TORCH_CHECK(t.is_contiguous() || at::has_internal_overlap(t) != at::MemOverlap::Yes, op, ": ", at_i,
+                        " has elements that share memory (an expanded view) and cannot be updated in place, got "
+                        "strides ", text(t.strides()));
         if (!ref.empty())
             TORCH_CHECK(t.sizes() == ref[i].sizes(), op, ": ", at_i, " must have the shape of ", ref_name, "[",
                         text((int64_t)i), "] ", text(ref[i].sizes()), ", got ", text(t.sizes()));
@@ -71,7 +75,34 @@ void check_scalar(const char *op, const char *name, const at::Tensor &t, const a
                 " must be a float32 tensor of one element, got ", t.scalar_type(), " of shape ", text(t.sizes()));
 }
 
-template <typename T> std::vector<T> pointers(at::TensorList list) {
+// The kernels see every tensor as one flat run of elements. A list as
+// they need it: each tensor itself when contiguous, else a contiguous copy
+// (a transposed or sliced view), which a mutated list copies back after the
+// step (`pending`). Copies only move data; the step is the kernel's.
+struct Flat {
+    std::vector<at::Tensor> dense;
+    std::vector<std::pair<at::Tensor, at::Tensor>> pending; // (view, its contiguous copy)
+};
+
+Flat flat(at::TensorList list, bool mutated) {
+    Flat f;
+    f.dense.reserve(list.size());
+    for (const at::Tensor &t : list) {
+        if (t.is_contiguous()) {
+            f.dense.push_back(t);
+        } else {
+            f.dense.push_back(t.contiguous());
+            if (mutated) f.pending.emplace_back(t, f.dense.back());
+        }
+    }
+    return f;
+}
+
+void copy_back(const Flat &f) {
+    for (const auto &pr : f.pending) pr.first.copy_(pr.second);
+}
+
+template <typename T> std::vector<T> pointers(const std::vector<at::Tensor> &list) {
     std::vector<T> out(list.size());
     for (size_t i = 0; i < list.size(); i++) out[i] = static_cast<T>(list[i].data_ptr());
     return out;
@@ -104,18 +135,18 @@ void adamw_step_(at::TensorList params, at::TensorList grads, at::TensorList exp
     if (n == 0) return;
     const at::Device device = params[0].device();
     check_device_supported(params[0], op);
-    const at::ScalarType pt = check_list(op, "params", params, device, at::ScalarType::Undefined, {}, "");
+    const at::ScalarType pt = check_list(op, "params", params, device, at::ScalarType::Undefined, {}, "", true);
     const opsmith_dtype pdt = storage_dtype(params[0], op, "params", 0);
-    const at::ScalarType gt = check_list(op, "grads", grads, device, at::ScalarType::Undefined, params, "params");
+    const at::ScalarType gt = check_list(op, "grads", grads, device, at::ScalarType::Undefined, params, "params", false);
     const opsmith_dtype gdt = storage_dtype(grads[0], op, "grads", 0);
-    check_list(op, "exp_avgs", exp_avgs, device, at::kFloat, params, "params");
-    check_list(op, "exp_avg_sqs", exp_avg_sqs, device, at::kFloat, params, "params");
-    if (amsgrad) check_list(op, "max_exp_avg_sqs", max_exp_avg_sqs, device, at::kFloat, params, "params");
+    check_list(op, "exp_avgs", exp_avgs, device, at::kFloat, params, "params", true);
+    check_list(op, "exp_avg_sqs", exp_avg_sqs, device, at::kFloat, params, "params", true);
+    if (amsgrad) check_list(op, "max_exp_avg_sqs", max_exp_avg_sqs, device, at::kFloat, params, "params", true);
     if (!master_params.empty()) {
         TORCH_CHECK(pt != at::kFloat, op, ": master_params must be empty for float32 params (they are the masters)");
-        check_list(op, "master_params", master_params, device, at::kFloat, params, "params");
+        check_list(op, "master_params", master_params, device, at::kFloat, params, "params", true);
     }
-    check_list(op, "steps", steps, device, at::kFloat, {}, "");
+    check_list(op, "steps", steps, device, at::kFloat, {}, "", false);
     for (size_t i = 0; i < n; i++)
         TORCH_CHECK(steps[i].numel() == 1, op, ": steps[", text((int64_t)i), "] must have one element, got shape ",
                     text(steps[i].sizes()));
@@ -125,11 +156,16 @@ void adamw_step_(at::TensorList params, at::TensorList grads, at::TensorList exp
 
     std::vector<int64_t> numels(n);
     for (size_t i = 0; i < n; i++) numels[i] = params[i].numel();
-    const std::vector<void *> p = pointers<void *>(params);
-    const std::vector<const void *> g = pointers<const void *>(grads);
-    const std::vector<float *> m = pointers<float *>(exp_avgs), v = pointers<float *>(exp_avg_sqs);
-    const std::vector<float *> x = pointers<float *>(max_exp_avg_sqs), w = pointers<float *>(master_params);
-    const std::vector<const float *> s = pointers<const float *>(steps);
+    // the copies below stay out of autograd: this is an optimizer update
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    const Flat fp = flat(params, true), fg = flat(grads, false), fm = flat(exp_avgs, true),
+               fv = flat(exp_avg_sqs, true), fx = flat(max_exp_avg_sqs, true), fw = flat(master_params, true),
+               fs = flat(steps, false);
+    const std::vector<void *> p = pointers<void *>(fp.dense);
+    const std::vector<const void *> g = pointers<const void *>(fg.dense);
+    const std::vector<float *> m = pointers<float *>(fm.dense), v = pointers<float *>(fv.dense);
+    const std::vector<float *> x = pointers<float *>(fx.dense), w = pointers<float *>(fw.dense);
+    const std::vector<const float *> s = pointers<const float *>(fs.dense);
     const float *lr_p = lr_tensor ? lr_tensor->data_ptr<float>() : nullptr;
     const float *coef_p = clip_coef ? clip_coef->data_ptr<float>() : nullptr;
     opsmith_status status;
@@ -149,6 +185,7 @@ void adamw_step_(at::TensorList params, at::TensorList grads, at::TensorList exp
                                         lr_p, beta1, beta2, eps, weight_decay, amsgrad, maximize, coef_p);
     }
     check_status(status, op);
+    for (const Flat *f : {&fp, &fm, &fv, &fx, &fw}) copy_back(*f);
 }
 
 std::tuple<at::Tensor, at::Tensor> adamw_grad_norm(at::TensorList grads, double max_norm) {
@@ -157,12 +194,13 @@ std::tuple<at::Tensor, at::Tensor> adamw_grad_norm(at::TensorList grads, double 
     TORCH_CHECK(max_norm > 0.0, op, ": max_norm must be > 0, got ", text(max_norm));
     const at::Device device = grads[0].device();
     check_device_supported(grads[0], op);
-    check_list(op, "grads", grads, device, at::ScalarType::Undefined, {}, "");
+    check_list(op, "grads", grads, device, at::ScalarType::Undefined, {}, "", false);
     const opsmith_dtype gdt = storage_dtype(grads[0], op, "grads", 0);
     const int64_t n = (int64_t)grads.size();
     std::vector<int64_t> numels(n);
     for (int64_t i = 0; i < n; i++) numels[i] = grads[i].numel();
-    const std::vector<const void *> g = pointers<const void *>(grads);
+    const Flat fg = flat(grads, false);
+    const std::vector<const void *> g = pointers<const void *>(fg.dense);
     // two tensors, not two views of one: results must not alias each other
     at::Tensor out = at::empty({}, grads[0].options().dtype(at::kFloat));
     at::Tensor coef = at::empty({}, grads[0].options().dtype(at::kFloat));

@@ -9,6 +9,7 @@ spec's row benchmark)."""
 import math
 
 import torch
+from torch.optim.adamw import adamw as _torch_adamw
 
 from ..ops.adamw import adamw_step, adamw_step_pybind
 from . import Hostile, OpSpec, randn
@@ -45,26 +46,29 @@ def _kwargs(i):
     return {k: i[k] for k in _HP}
 
 
+# The harnesses compare the params (in the harness's dtype); the float32
+# moments are declared mutated (restored after each run) and are compared
+# with the reference in tests/test_adamw.py and tests/c/test_adamw.c.
 def _call(i):
     adamw_step(*_args(i), **_kwargs(i))
-    return i["params"], i["exp_avgs"], i["exp_avg_sqs"]
+    return i["params"]
 
 
 def _call_pybind(i):
     adamw_step_pybind(*_args(i), **_kwargs(i))
-    return i["params"], i["exp_avgs"], i["exp_avg_sqs"]
+    return i["params"]
 
 
 def _reference(i, dtype=None):
     lr, b1, b2, eps, wd = (i[k] for k in ("lr", "beta1", "beta2", "eps", "weight_decay"))
-    ps, ms, vs = [], [], []
+    ps = []
     for p, g, m, v, s in zip(*_args(i)):
         s = float(s)
         m = m + (1 - b1) * (g - m)
         v = b2 * v + (1 - b2) * g * g
         p = p * (1 - lr * wd) - lr / (1 - b1 ** s) * m / (v.sqrt() / math.sqrt(1 - b2 ** s) + eps)
-        ps.append(p), ms.append(m), vs.append(v)
-    return ps, ms, vs
+        ps.append(p)
+    return ps
 
 
 def _torch(i):
@@ -72,10 +76,10 @@ def _torch(i):
     c = lambda lst: [t.detach().cpu().float().clone() for t in lst]  # noqa: E731
     ps, gs, ms, vs = c(i["params"]), c(i["grads"]), c(i["exp_avgs"]), c(i["exp_avg_sqs"])
     steps = [t.detach().cpu().float().clone() - 1 for t in i["steps"]]  # torch increments them itself
-    torch.optim.adamw.adamw(ps, gs, ms, vs, [], steps, foreach=False, capturable=False, amsgrad=False,
-                            beta1=i["beta1"], beta2=i["beta2"], lr=i["lr"], weight_decay=i["weight_decay"],
-                            eps=i["eps"], maximize=False)
-    return ps, ms, vs
+    _torch_adamw(ps, gs, ms, vs, [], steps, foreach=False, capturable=False, amsgrad=False,
+                 beta1=i["beta1"], beta2=i["beta2"], lr=i["lr"], weight_decay=i["weight_decay"],
+                 eps=i["eps"], maximize=False)
+    return ps
 
 
 def _edited(device, gen, edit, shape=(4, 37), dtype=torch.float32):
@@ -84,18 +88,14 @@ def _edited(device, gen, edit, shape=(4, 37), dtype=torch.float32):
     return {k: ([t.to(device) for t in v] if isinstance(v, list) else v) for k, v in inputs.items()}
 
 
-def _nan_stays(spec, inputs, out):
-    ps = out[0]
+def _nan_stays(spec, inputs, ps):
     assert torch.isnan(ps[1][2].cpu()), "a NaN grad makes its param NaN"
     assert torch.isfinite(ps[0].cpu()).all() and torch.isfinite(ps[2].cpu()).all(), "other tensors stay finite"
 
 
-def _transposed(device, gen):
+def _expanded(device, gen):
     i = _make_inputs((4, 37), torch.float32, device, gen)
-    i["params"][0] = i["params"][0].t()
-    i["grads"][0] = i["grads"][0].t()
-    i["exp_avgs"][0] = i["exp_avgs"][0].t().contiguous()
-    i["exp_avg_sqs"][0] = i["exp_avg_sqs"][0].t().contiguous()
+    i["params"][0] = i["params"][0][:1].expand(4, 37)
     return i
 
 
@@ -107,7 +107,7 @@ SPEC = OpSpec(
     reference=_reference,
     torch_equivalent=_torch,
     tolerance=_TOL.__getitem__,
-    outputs=("params", "exp_avgs", "exp_avg_sqs"),
+    outputs=("params",),
     mutated_inputs=("params", "exp_avgs", "exp_avg_sqs"),
     list_inputs=("params", "grads", "exp_avgs", "exp_avg_sqs", "steps"),
     opcheck=lambda i: [(torch.ops.opsmith.adamw_step_.default,
@@ -126,8 +126,8 @@ SPEC = OpSpec(
         Hostile("shape_mismatch",
                 lambda d, g: _edited(d, g, lambda i: i["grads"].__setitem__(2, torch.ones(5))),
                 "RuntimeError", raises=r"^adamw_step_: grads\[2\] must have the shape of params\[2\]"),
-        Hostile("non_contiguous_param", _transposed, "RuntimeError",
-                raises=r"^adamw_step_: params\[0\] must be contiguous"),
+        Hostile("expanded_param", _expanded, "RuntimeError",
+                raises=r"^adamw_step_: params\[0\] has elements that share memory"),
         Hostile("state_not_float32",
                 lambda d, g: _edited(d, g, lambda i: i["exp_avgs"].__setitem__(0, i["exp_avgs"][0].half())),
                 "RuntimeError", raises=r"^adamw_step_: exp_avgs\[0\] must be Float"),
