@@ -3,10 +3,11 @@
  *
  * The list is cut into chunks of OPSMITH_ADAMW_CHUNK elements, one CUDA
  * block each. A launch carries, as its kernel argument (up to ~30 KB, CUDA
- * 12.1+ on sm_70+), the pointers of up to MAX_TENSORS tensors and the
- * (tensor, chunk) pair of up to MAX_BLOCKS blocks; the host fills it and
- * launches whenever either table is full, so a list of thousands of tensors
- * takes a handful of launches, with no device buffer to upload, no
+ * 12.1+ on sm_70+), the pointers and sizes of up to MAX_TENSORS tensors and
+ * the number of each one's first block; a block finds its tensor by binary
+ * search over those. Any number of chunks fits in one launch, so a launch
+ * ends only when the tensor table is full: 2 launches for a 300-tensor
+ * model, ~20 for 8000 tensors, with no device buffer to upload, no
  * allocation and no host synchronisation (a CUDA graph captures it).
  *
  * Inside a chunk every thread moves 4 elements at a time: 16-byte loads of
@@ -23,15 +24,13 @@
 namespace opsmith {
 namespace {
 
-constexpr int MAX_TENSORS = 256;
-constexpr int MAX_BLOCKS = 2176;
+constexpr int MAX_TENSORS = 384;
 constexpr int THREADS = 512;
-constexpr int NORM_TENSORS = 1024;
-constexpr int NORM_BLOCKS = 2560;
+constexpr int NORM_TENSORS = 1536;
 constexpr int FINAL_THREADS = 1024;
 
-/* One launch's tables: per tensor its pointers and size, per block its
- * tensor (index into the tables) and chunk within the tensor. */
+/* One launch's table: per tensor slot its pointers, size and the number of
+ * its first block (first[nt] = the launch's block count). */
 struct StepTable {
     void *p[MAX_TENSORS];
     const void *g[MAX_TENSORS];
@@ -41,8 +40,8 @@ struct StepTable {
     float *master[MAX_TENSORS];
     const float *step[MAX_TENSORS];
     int64_t n[MAX_TENSORS];
-    uint16_t tensor[MAX_BLOCKS];
-    int32_t chunk[MAX_BLOCKS];
+    int32_t first[MAX_TENSORS + 1];
+    int32_t nt;
 };
 
 struct StepScalars {
@@ -56,12 +55,23 @@ struct StepScalars {
 struct NormTable {
     const void *g[NORM_TENSORS];
     int64_t n[NORM_TENSORS];
-    uint16_t tensor[NORM_BLOCKS];
-    int32_t chunk[NORM_BLOCKS];
+    int32_t first[NORM_TENSORS + 1];
+    int32_t nt;
 };
 
 static_assert(sizeof(StepTable) + sizeof(StepScalars) < 32000, "kernel arguments stay under CUDA's 32764 bytes");
-static_assert(sizeof(NormTable) < 32000, "kernel arguments stay under CUDA's 32764 bytes");
+static_assert(sizeof(NormTable) + sizeof(void *) < 32000, "kernel arguments stay under CUDA's 32764 bytes");
+
+/* The slot whose blocks include block b: the last with first[slot] <= b. */
+__device__ __forceinline__ int slot_of(const int32_t *first, int nt, int b) {
+    int lo = 0, hi = nt - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) >> 1;
+        if (first[mid] <= b) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
 
 template <typename T> __device__ __forceinline__ float load1(const T *p) { return to_acc(p[0]); }
 
@@ -111,8 +121,8 @@ __device__ __forceinline__ float update(const Consts &c, bool amsgrad, float p, 
 
 template <typename P, typename G>
 __global__ void __launch_bounds__(THREADS) adamw_step_kernel(const StepTable tab, const StepScalars s) {
-    const int t = tab.tensor[blockIdx.x];
-    const int64_t off = (int64_t)tab.chunk[blockIdx.x] * OPSMITH_ADAMW_CHUNK;
+    const int t = slot_of(tab.first, tab.nt, (int)blockIdx.x);
+    const int64_t off = (int64_t)((int)blockIdx.x - tab.first[t]) * OPSMITH_ADAMW_CHUNK;
     const int64_t rest = tab.n[t] - off;
     const int len = (int)(rest < OPSMITH_ADAMW_CHUNK ? rest : OPSMITH_ADAMW_CHUNK);
     P *__restrict__ p = static_cast<P *>(tab.p[t]) + off;
@@ -176,8 +186,8 @@ __global__ void __launch_bounds__(THREADS) adamw_step_kernel(const StepTable tab
 template <typename G>
 __global__ void __launch_bounds__(THREADS) adamw_norm_kernel(const NormTable tab, float *__restrict__ partial) {
     __shared__ float scratch[32];
-    const int t = tab.tensor[blockIdx.x];
-    const int64_t off = (int64_t)tab.chunk[blockIdx.x] * OPSMITH_ADAMW_CHUNK;
+    const int t = slot_of(tab.first, tab.nt, (int)blockIdx.x);
+    const int64_t off = (int64_t)((int)blockIdx.x - tab.first[t]) * OPSMITH_ADAMW_CHUNK;
     const int64_t rest = tab.n[t] - off;
     const int len = (int)(rest < OPSMITH_ADAMW_CHUNK ? rest : OPSMITH_ADAMW_CHUNK);
     const G *__restrict__ g = static_cast<const G *>(tab.g[t]) + off;
@@ -253,52 +263,34 @@ extern "C" opsmith_status opsmith_adamw_step_cuda(
             using G = decltype(gtag);
             static StepTable empty_table; /* zero: unused slots stay NULL */
             StepTable tab = empty_table;
-            int nt = 0, nb = 0;
+            int nt = 0;
+            int32_t nb = 0;
             auto flush = [&]() -> opsmith_status {
-                if (nb == 0) return OPSMITH_STATUS_SUCCESS;
+                if (nt == 0) return OPSMITH_STATUS_SUCCESS;
+                tab.first[nt] = nb;
+                tab.nt = nt;
                 adamw_step_kernel<P, G><<<nb, THREADS, 0, cs>>>(tab, s);
-                nb = 0;
+                nt = 0, nb = 0;
                 return launch_status();
             };
             for (int64_t t = 0; t < count; t++) {
                 const int64_t n = numels[t];
                 if (n == 0) continue;
-                const int64_t chunks = opsmith_internal_adamw_chunks(n);
-                for (int64_t ch = 0; ch < chunks; ch++) {
-                    if (ch == 0 || nt == 0) { /* enter tensor t in the table (again, after a flush) */
-                        if (nt == MAX_TENSORS) {
-                            opsmith_status e = flush();
-                            if (e != OPSMITH_STATUS_SUCCESS) return e;
-                            nt = 0;
-                        }
-                        tab.p[nt] = params[t];
-                        tab.g[nt] = grads[t];
-                        tab.m[nt] = exp_avgs[t];
-                        tab.v[nt] = exp_avg_sqs[t];
-                        tab.vmax[nt] = amsgrad ? max_exp_avg_sqs[t] : nullptr;
-                        tab.master[nt] = master_params ? master_params[t] : nullptr;
-                        tab.step[nt] = steps[t];
-                        tab.n[nt] = n;
-                        nt++;
-                    }
-                    tab.tensor[nb] = (uint16_t)(nt - 1);
-                    tab.chunk[nb] = (int32_t)ch;
-                    nb++;
-                    if (nb == MAX_BLOCKS) {
-                        opsmith_status e = flush();
-                        if (e != OPSMITH_STATUS_SUCCESS) return e;
-                        /* keep only tensor t, as slot 0, for its remaining chunks */
-                        if (ch + 1 < chunks) {
-                            tab.p[0] = tab.p[nt - 1], tab.g[0] = tab.g[nt - 1], tab.m[0] = tab.m[nt - 1];
-                            tab.v[0] = tab.v[nt - 1], tab.vmax[0] = tab.vmax[nt - 1];
-                            tab.master[0] = tab.master[nt - 1], tab.step[0] = tab.step[nt - 1];
-                            tab.n[0] = tab.n[nt - 1];
-                            nt = 1;
-                        } else {
-                            nt = 0;
-                        }
-                    }
+                if (nt == MAX_TENSORS) {
+                    opsmith_status e = flush();
+                    if (e != OPSMITH_STATUS_SUCCESS) return e;
                 }
+                tab.p[nt] = params[t];
+                tab.g[nt] = grads[t];
+                tab.m[nt] = exp_avgs[t];
+                tab.v[nt] = exp_avg_sqs[t];
+                tab.vmax[nt] = amsgrad ? max_exp_avg_sqs[t] : nullptr;
+                tab.master[nt] = master_params ? master_params[t] : nullptr;
+                tab.step[nt] = steps[t];
+                tab.n[nt] = n;
+                tab.first[nt] = nb;
+                nb += (int32_t)opsmith_internal_adamw_chunks(n);
+                nt++;
             }
             return flush();
         });
@@ -325,44 +317,30 @@ extern "C" opsmith_status opsmith_adamw_grad_norm_cuda(int64_t count, const int6
         using G = decltype(gtag);
         static NormTable empty_table;
         NormTable tab = empty_table;
-        int nt = 0, nb = 0;
+        int nt = 0;
+        int32_t nb = 0;
         int64_t done = 0; /* partials written by earlier launches */
         auto flush = [&]() -> opsmith_status {
-            if (nb == 0) return OPSMITH_STATUS_SUCCESS;
+            if (nt == 0) return OPSMITH_STATUS_SUCCESS;
+            tab.first[nt] = nb;
+            tab.nt = nt;
             adamw_norm_kernel<G><<<nb, THREADS, 0, cs>>>(tab, partial + done);
             done += nb;
-            nb = 0;
+            nt = 0, nb = 0;
             return launch_status();
         };
         for (int64_t t = 0; t < count; t++) {
             const int64_t n = numels[t];
             if (n == 0) continue;
-            const int64_t nc = opsmith_internal_adamw_chunks(n);
-            for (int64_t ch = 0; ch < nc; ch++) {
-                if (ch == 0 || nt == 0) {
-                    if (nt == NORM_TENSORS) {
-                        opsmith_status e = flush();
-                        if (e != OPSMITH_STATUS_SUCCESS) return e;
-                        nt = 0;
-                    }
-                    tab.g[nt] = grads[t];
-                    tab.n[nt] = n;
-                    nt++;
-                }
-                tab.tensor[nb] = (uint16_t)(nt - 1);
-                tab.chunk[nb] = (int32_t)ch;
-                nb++;
-                if (nb == NORM_BLOCKS) {
-                    opsmith_status e = flush();
-                    if (e != OPSMITH_STATUS_SUCCESS) return e;
-                    if (ch + 1 < nc) {
-                        tab.g[0] = tab.g[nt - 1], tab.n[0] = tab.n[nt - 1];
-                        nt = 1;
-                    } else {
-                        nt = 0;
-                    }
-                }
+            if (nt == NORM_TENSORS) {
+                opsmith_status e = flush();
+                if (e != OPSMITH_STATUS_SUCCESS) return e;
             }
+            tab.g[nt] = grads[t];
+            tab.n[nt] = n;
+            tab.first[nt] = nb;
+            nb += (int32_t)opsmith_internal_adamw_chunks(n);
+            nt++;
         }
         return flush();
     });
