@@ -17,5 +17,6 @@ __version__ = _version()
 globals().update(ops.exports("FUNCTIONS"))
 
 from . import nn  # noqa: E402
+from . import optim  # noqa: E402
 
-__all__ = [*ops.exports("FUNCTIONS"), "nn", "ops", "library_path", "c_library", "c_include_dir"]
+__all__ = [*ops.exports("FUNCTIONS"), "nn", "optim", "ops", "library_path", "c_library", "c_include_dir"]

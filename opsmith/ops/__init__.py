@@ -17,6 +17,7 @@ OP_MODULES = (
     "layer_norm",
     "fused_add_rms_norm",
     "rotary",
+    "adamw",
 )
 
 _KINDS = ("FUNCTIONS", "MODULES", "PYBIND")

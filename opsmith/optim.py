@@ -1,0 +1,185 @@
+"""opsmith.optim.AdamW: a drop-in for torch.optim.AdamW whose step is one
+multi-tensor C/CUDA launch per param group (opsmith.adamw_step), with
+optional global gradient-norm clipping fused into it (max_grad_norm).
+
+Same constructor, param groups and state_dict layout as torch.optim.AdamW
+(state keys 'step', 'exp_avg', 'exp_avg_sq', 'max_exp_avg_sq'), so a
+checkpoint moves between the two both ways. The differences:
+
+* state lives on the param's device, 'step' included (as with
+  torch.optim.AdamW(fused=True)), and exp_avg / exp_avg_sq /
+  max_exp_avg_sq are float32 whatever the param dtype;
+* master_weights=True keeps a float32 copy of every 16-bit param in the
+  state under 'master_param'; the update runs on it and the param receives
+  it rounded;
+* max_grad_norm clips by the global norm of all grads (as
+  torch.nn.utils.clip_grad_norm_ over every param of the optimizer) inside
+  the step, without rewriting the grads and without a host synchronisation;
+  the norm is kept as a device tensor in ``optimizer.last_grad_norm``;
+* params are float32, bfloat16 or float16, grads dense; a non-contiguous
+  param (a transposed or sliced view) is stepped through a contiguous copy
+  (correct, slower).
+
+A float lr is passed to the kernel as a number; an lr given as a float32
+scalar tensor on the params' device is read by the kernel, which makes the
+whole step capturable in a CUDA graph with a changing lr (capturable is
+accepted for compatibility: nothing here synchronises with the host)."""
+from typing import Any, Dict, List, Optional
+
+import torch
+from torch import Tensor
+
+from .ops.adamw import adamw_grad_norm, adamw_step
+
+_STATE_KEYS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "master_param")
+
+
+class AdamW(torch.optim.Optimizer):
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, *,
+                 maximize=False, capturable=False, master_weights=False, max_grad_norm=None, foreach=None,
+                 differentiable=False, fused=None):
+        if isinstance(lr, Tensor):
+            if lr.numel() != 1:
+                raise ValueError("Tensor lr must be 1-element")
+        elif not 0.0 <= lr:
+            raise ValueError(f"Invalid learning rate: {lr}")
+        if not 0.0 <= eps:
+            raise ValueError(f"Invalid epsilon value: {eps}")
+        if not 0.0 <= betas[0] < 1.0:
+            raise ValueError(f"Invalid beta parameter at index 0: {betas[0]}")
+        if not 0.0 <= betas[1] < 1.0:
+            raise ValueError(f"Invalid beta parameter at index 1: {betas[1]}")
+        if not 0.0 <= weight_decay:
+            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+        if max_grad_norm is not None and not max_grad_norm > 0:
+            raise ValueError(f"Invalid max_grad_norm: {max_grad_norm} (must be > 0, or None for no clipping)")
+        if differentiable:
+            raise RuntimeError("opsmith.optim.AdamW: differentiable=True is not supported")
+        # torch.optim.AdamW's group keys, so a state_dict loads into either
+        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize,
+                        foreach=foreach, capturable=capturable, differentiable=False, fused=fused,
+                        decoupled_weight_decay=True, master_weights=master_weights)
+        super().__init__(params, defaults)
+        self.max_grad_norm = max_grad_norm
+        self.last_grad_norm: Optional[Tensor] = None
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        for group in self.param_groups:
+            group.setdefault("amsgrad", False)
+            group.setdefault("maximize", False)
+            group.setdefault("master_weights", False)
+        self.__dict__.setdefault("max_grad_norm", None)
+        self.__dict__.setdefault("last_grad_norm", None)
+
+    def _init_state(self, p: Tensor, group) -> Dict[str, Any]:
+        state = self.state[p]
+        if len(state) == 0 or "exp_avg" not in state:
+            state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
+            state["exp_avg"] = torch.zeros(p.shape, dtype=torch.float32, device=p.device)
+            state["exp_avg_sq"] = torch.zeros(p.shape, dtype=torch.float32, device=p.device)
+            if group["amsgrad"]:
+                state["max_exp_avg_sq"] = torch.zeros(p.shape, dtype=torch.float32, device=p.device)
+        if group["amsgrad"] and "max_exp_avg_sq" not in state:
+            state["max_exp_avg_sq"] = torch.zeros(p.shape, dtype=torch.float32, device=p.device)
+        if group["master_weights"] and p.dtype != torch.float32 and "master_param" not in state:
+            state["master_param"] = p.detach().float()
+        return state
+
+    @staticmethod
+    def _check_param(p: Tensor):
+        if p.grad.is_sparse:
+            raise RuntimeError("opsmith.optim.AdamW does not support sparse gradients")
+        if p.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            raise RuntimeError(f"opsmith.optim.AdamW: params must be float32, bfloat16 or float16, got {p.dtype}")
+
+    def _clip_coef(self) -> Optional[Tensor]:
+        """The fused global norm over every grad of every group (one launch
+        per device and grad dtype), kept in last_grad_norm; the clip
+        coefficient as a device tensor."""
+        if self.max_grad_norm is None:
+            return None
+        buckets: Dict[Any, List[Tensor]] = {}
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    g = p.grad
+                    buckets.setdefault((g.device, g.dtype), []).append(g if g.is_contiguous() else g.contiguous())
+        if not buckets:
+            return None
+        parts = [adamw_grad_norm(gs, self.max_grad_norm) for gs in buckets.values()]
+        if len(parts) == 1:
+            self.last_grad_norm, coef = parts[0]
+            return coef
+        # several devices or dtypes: combine the norms on the first device
+        dev = parts[0][0].device
+        norm = torch.stack([n.to(dev) for n, _ in parts]).square().sum().sqrt()
+        self.last_grad_norm = norm
+        return torch.clamp(self.max_grad_norm / (norm + 1e-6), max=1.0)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        coef = self._clip_coef()
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            # one call per (device, param dtype, grad dtype, master or not)
+            buckets: Dict[Any, Dict[str, List[Tensor]]] = {}
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                self._check_param(p)
+                state = self._init_state(p, group)
+                g = p.grad if p.grad.is_contiguous() else p.grad.contiguous()
+                master = state.get("master_param") if group["master_weights"] else None
+                b = buckets.setdefault((p.device, p.dtype, g.dtype, master is not None),
+                                       {"p": [], "g": [], "m": [], "v": [], "x": [], "w": [], "s": []})
+                b["p"].append(p)
+                b["g"].append(g)
+                b["m"].append(state["exp_avg"])
+                b["v"].append(state["exp_avg_sq"])
+                if group["amsgrad"]:
+                    b["x"].append(state["max_exp_avg_sq"])
+                if master is not None:
+                    b["w"].append(master)
+                b["s"].append(state["step"])
+            for (device, _, _, has_master), b in buckets.items():
+                torch._foreach_add_(b["s"], 1.0)
+                lr = group["lr"]
+                if isinstance(lr, Tensor) and (lr.device != device or lr.dtype != torch.float32):
+                    lr = lr.to(device=device, dtype=torch.float32)
+                c = coef
+                if c is not None and c.device != device:
+                    c = c.to(device)
+                adamw_step(b["p"], b["g"], b["m"], b["v"], b["s"], lr=lr, beta1=beta1, beta2=beta2,
+                           eps=group["eps"], weight_decay=group["weight_decay"], amsgrad=group["amsgrad"],
+                           maximize=group["maximize"], max_exp_avg_sqs=b["x"] if group["amsgrad"] else None,
+                           master_params=b["w"] if has_master else None, clip_coef=c)
+        return loss
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        """Loads a state_dict of this class or of torch.optim.AdamW: the
+        state is moved to each param's device in float32 (torch's loader
+        would cast it to the param's dtype), and the masters of a
+        master_weights group that the checkpoint lacks start from the
+        params."""
+        saved = state_dict["state"]
+        ids = [i for g in state_dict["param_groups"] for i in g["params"]]
+        params = [p for g in self.param_groups for p in g["params"]]
+        super().load_state_dict(state_dict)
+        for i, p in zip(ids, params):
+            if i not in saved:
+                continue
+            src, state = saved[i], self.state[p]
+            for k, v in src.items():
+                if k == "step":
+                    state[k] = torch.as_tensor(v, dtype=torch.float32).reshape(()).to(p.device).clone()
+                elif k in _STATE_KEYS and isinstance(v, Tensor):
+                    state[k] = v.to(device=p.device, dtype=torch.float32, copy=True)
+        for group in self.param_groups:
+            for p in group["params"]:
+                if self.state.get(p):
+                    self._init_state(p, group)
