@@ -159,5 +159,6 @@ OPSMITH_API void opsmith_store_from_double(opsmith_dtype dtype, void *base, int6
 #include "opsmith/glu.h"
 #include "opsmith/layer_norm.h"
 #include "opsmith/fused_add_rms_norm.h"
+#include "opsmith/cross_entropy.h"
 
 #endif /* OPSMITH_H */

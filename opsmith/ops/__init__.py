@@ -16,6 +16,7 @@ OP_MODULES = (
     "glu",
     "layer_norm",
     "fused_add_rms_norm",
+    "cross_entropy",
 )
 
 _KINDS = ("FUNCTIONS", "MODULES", "PYBIND")
