@@ -52,7 +52,8 @@ opsmith_status opsmith_internal_cross_entropy_fwd_check(const char *op, opsmith_
         return opsmith_internal_fail(bad, "%s: softcap (%g) must be finite and > 0 (or 0: none)", op, softcap);
     if (reduction < OPSMITH_CROSS_ENTROPY_REDUCTION_NONE || reduction > OPSMITH_CROSS_ENTROPY_REDUCTION_MEAN)
         return opsmith_internal_fail(bad, "%s: reduction (%d) must be 0 (none), 1 (sum) or 2 (mean)", op, reduction);
-    if (!loss) return opsmith_internal_fail(bad, "%s: loss is NULL", op);
+    if (!loss && (rows > 0 || reduction != OPSMITH_CROSS_ENTROPY_REDUCTION_NONE))
+        return opsmith_internal_fail(bad, "%s: loss is NULL", op);
     if (need_error && !error) return opsmith_internal_fail(bad, "%s: error is NULL", op);
     s = opsmith_internal_check_workspace(op, workspace, workspace_bytes,
                                          opsmith_cross_entropy_fwd_workspace_size(dtype, rows));
