@@ -160,5 +160,6 @@ OPSMITH_API void opsmith_store_from_double(opsmith_dtype dtype, void *base, int6
 #include "opsmith/layer_norm.h"
 #include "opsmith/fused_add_rms_norm.h"
 #include "opsmith/cross_entropy.h"
+#include "opsmith/softmax.h"
 
 #endif /* OPSMITH_H */

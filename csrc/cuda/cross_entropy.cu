@@ -15,28 +15,14 @@
  * A target out of range sets the device-side error flag (row, value) and
  * makes that row's loss and gradient NaN. Arithmetic in Acc (double for
  * f64, float otherwise). Formulas in include/opsmith/cross_entropy.h. */
-#include <math_constants.h>
-
 #include "common.cuh"
+#include "online_softmax.cuh"
 #include "internal/cross_entropy.h"
 
 namespace opsmith {
 namespace {
 
 constexpr int kPrepThreads = 1024;
-
-__device__ __forceinline__ double exp_acc(double v) { return exp(v); }
-__device__ __forceinline__ float exp_acc(float v) { return __expf(v); }
-__device__ __forceinline__ double log_acc(double v) { return log(v); }
-__device__ __forceinline__ float log_acc(float v) { return logf(v); }
-__device__ __forceinline__ double tanh_acc(double v) { return tanh(v); }
-__device__ __forceinline__ float tanh_acc(float v) { return tanhf(v); }
-template <typename A> __device__ __forceinline__ A neg_inf();
-template <> __device__ __forceinline__ float neg_inf<float>() { return -CUDART_INF_F; }
-template <> __device__ __forceinline__ double neg_inf<double>() { return -CUDART_INF; }
-template <typename A> __device__ __forceinline__ A nan_acc();
-template <> __device__ __forceinline__ float nan_acc<float>() { return CUDART_NAN_F; }
-template <> __device__ __forceinline__ double nan_acc<double>() { return CUDART_NAN; }
 
 template <typename A> struct Opts {
     A ls_n;        /* label_smoothing / n */
@@ -47,44 +33,6 @@ template <typename A> struct Opts {
 
 template <typename A> __device__ __forceinline__ A capped(A v, const Opts<A> &o) {
     return o.cap > A(0) ? o.cap * tanh_acc(v * o.inv_cap) : v;
-}
-
-/* (max, sum of exp(y - max)) pairs merged */
-template <typename A> __device__ __forceinline__ void merge(A &m, A &s, A m2, A s2) {
-    const A mm = m > m2 ? m : m2;
-    if (mm == neg_inf<A>()) return; /* both empty */
-    s = s * exp_acc(m - mm) + s2 * exp_acc(m2 - mm);
-    m = mm;
-}
-
-/* one element into a thread's running (max, sum) */
-template <typename A> __device__ __forceinline__ void online(A &m, A &s, A y) {
-    if (y > m) {
-        s = s * exp_acc(m - y) + A(1);
-        m = y;
-    } else if (m != neg_inf<A>()) { /* -inf logits (masked) add nothing */
-        s += exp_acc(y - m);
-    }
-}
-
-/* the block's (max, sum), returned to every thread; scratch holds 64 A */
-template <typename A> __device__ __forceinline__ void block_max_sum(A &m, A &s, A *scratch) {
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-        const A m2 = __shfl_xor_sync(0xffffffffu, m, off), s2 = __shfl_xor_sync(0xffffffffu, s, off);
-        merge(m, s, m2, s2);
-    }
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
-    __syncthreads();
-    if (lane == 0) scratch[warp] = m, scratch[32 + warp] = s;
-    __syncthreads();
-    m = lane < warps ? scratch[lane] : neg_inf<A>();
-    s = lane < warps ? scratch[32 + lane] : A(0);
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-        const A m2 = __shfl_xor_sync(0xffffffffu, m, off), s2 = __shfl_xor_sync(0xffffffffu, s, off);
-        merge(m, s, m2, s2);
-    }
 }
 
 /* ws: loss_rows[rows], z_rows[rows], denom, wsum */

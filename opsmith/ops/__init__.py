@@ -17,6 +17,7 @@ OP_MODULES = (
     "layer_norm",
     "fused_add_rms_norm",
     "cross_entropy",
+    "softmax",
 )
 
 _KINDS = ("FUNCTIONS", "MODULES", "PYBIND")
