@@ -161,5 +161,7 @@ OPSMITH_API void opsmith_store_from_double(opsmith_dtype dtype, void *base, int6
 #include "opsmith/fused_add_rms_norm.h"
 #include "opsmith/rotary.h"
 #include "opsmith/adamw.h"
+#include "opsmith/cross_entropy.h"
+#include "opsmith/softmax.h"
 
 #endif /* OPSMITH_H */

@@ -18,6 +18,8 @@ OP_MODULES = (
     "fused_add_rms_norm",
     "rotary",
     "adamw",
+    "cross_entropy",
+    "softmax",
 )
 
 _KINDS = ("FUNCTIONS", "MODULES", "PYBIND")

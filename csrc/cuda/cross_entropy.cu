@@ -1,0 +1,286 @@
+/* cross_entropy on CUDA. Three launches a forward, none of them waiting on
+ * the host (so the forward and backward capture in a CUDA graph):
+ *   1. prep (one block): the mean's denominator (sum of w[t] over the rows
+ *      not ignored) and W = sum_c w[c], into the workspace;
+ *   2. rows (a block a row, streaming through it): sweep 1 reads the row
+ *      once for the online max and exponential sum (and the weighted logit
+ *      sum when smoothing), in 16-byte packs with a scalar tail (scalar
+ *      throughout where the row start is not 16-byte aligned); sweep 2 -
+ *      the fused training path - reads it again, from L2 where it still
+ *      is, and writes the gradient of the reduced loss (over the logits
+ *      when dlogits is logits: each element is read before it is written,
+ *      by the same thread);
+ *   3. finish (one block): the reduced loss and z-loss in a fixed order
+ *      (deterministic), or the per-row values for reduction none.
+ * A target out of range sets the device-side error flag (row, value) and
+ * makes that row's loss and gradient NaN. Arithmetic in Acc (double for
+ * f64, float otherwise). Formulas in include/opsmith/cross_entropy.h. */
+#include "common.cuh"
+#include "online_softmax.cuh"
+#include "internal/cross_entropy.h"
+
+namespace opsmith {
+namespace {
+
+constexpr int kPrepThreads = 1024;
+
+template <typename A> struct Opts {
+    A ls_n;        /* label_smoothing / n */
+    A one_m_ls;    /* 1 - label_smoothing */
+    A z;           /* z_loss */
+    A cap, inv_cap; /* softcap, 1 / softcap (0: none) */
+};
+
+template <typename A> __device__ __forceinline__ A capped(A v, const Opts<A> &o) {
+    return o.cap > A(0) ? o.cap * tanh_acc(v * o.inv_cap) : v;
+}
+
+/* ws: loss_rows[rows], z_rows[rows], denom, wsum */
+template <typename A>
+__global__ void __launch_bounds__(kPrepThreads)
+prep_kernel(int64_t rows, int64_t n, const int64_t *__restrict__ tg, int64_t ts, const A *__restrict__ w,
+            int64_t ignore, A *__restrict__ ws) {
+    __shared__ A scratch[32];
+    A d = 0, ww = 0;
+    for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) {
+        const int64_t t = tg[r * ts];
+        if (t != ignore && t >= 0 && t < n) d += w ? w[t] : A(1);
+    }
+    if (w)
+        for (int64_t c = threadIdx.x; c < n; c += blockDim.x) ww += w[c];
+    d = block_sum(d, scratch);
+    ww = w ? block_sum(ww, scratch) : A(n);
+    if (threadIdx.x == 0) ws[2 * rows] = d, ws[2 * rows + 1] = ww;
+}
+
+template <typename T, typename A, bool PACKED>
+__global__ void rows_kernel(int64_t rows, int64_t n, const T *x, int64_t xs, const int64_t *__restrict__ tg,
+                            int64_t ts, const A *__restrict__ w, int64_t ignore, Opts<A> o, int reduction,
+                            A *__restrict__ ws, A *__restrict__ lse_out, T *dl, int64_t dls,
+                            int64_t *__restrict__ error) {
+    __shared__ A scratch[64];
+    constexpr int V = PACKED ? Pack<T>::VEC : 1;
+    const int64_t r = blockIdx.x;
+    const T *xr = x + r * xs;
+    const int64_t t = tg[r * ts];
+    const bool ignored = t == ignore, bad = !ignored && (t < 0 || t >= n);
+    const bool smooth = o.ls_n > A(0);
+    const int64_t body = PACKED ? n / V * V : 0;
+
+    /* the target's logit, read before any thread can write over it (in place) */
+    A y_t = 0;
+    if (threadIdx.x == 0 && !ignored && !bad) y_t = capped(to_acc(xr[t]), o);
+
+    /* sweep 1: online max and sum (and sum w y) */
+    A m = neg_inf<A>(), s = 0, wy = 0;
+    if constexpr (PACKED) {
+        for (int64_t i = (int64_t)threadIdx.x * V; i < body; i += (int64_t)blockDim.x * V) {
+            const Pack<T> p = load_pack(xr + i);
+            A y[V], pm = neg_inf<A>();
+#pragma unroll
+            for (int k = 0; k < V; k++) y[k] = capped(to_acc(p.v[k]), o), pm = y[k] > pm ? y[k] : pm;
+            if (pm > m) s *= exp_acc(m - pm), m = pm;
+            if (m != neg_inf<A>()) /* else every y so far is -inf (masked): they add nothing */
+#pragma unroll
+                for (int k = 0; k < V; k++) s += exp_acc(y[k] - m);
+            if (smooth)
+#pragma unroll
+                for (int k = 0; k < V; k++) wy += (w ? w[i + k] : A(1)) * y[k];
+        }
+    }
+    for (int64_t i = body + threadIdx.x; i < n; i += blockDim.x) {
+        const A y = capped(to_acc(xr[i]), o);
+        online(m, s, y);
+        if (smooth) wy += (w ? w[i] : A(1)) * y;
+    }
+    block_max_sum(m, s, scratch);
+    const A lse = m + log_acc(s);
+    if (smooth) wy = block_sum(wy, scratch);
+    const A W = ws[2 * rows + 1];
+    const A wt = ignored || bad ? A(0) : w ? w[t] : A(1);
+
+    if (threadIdx.x == 0) {
+        if (lse_out) lse_out[r] = lse;
+        A l = 0, zl = 0;
+        if (bad) {
+            l = zl = nan_acc<A>();
+            if (atomicCAS(reinterpret_cast<unsigned long long *>(error), 0ull, 1ull) == 0ull)
+                error[1] = r, error[2] = t;
+        } else if (!ignored) {
+            zl = o.z * lse * lse;
+            l = o.one_m_ls * wt * (lse - y_t) + zl;
+            if (smooth) l += o.ls_n * (W * lse - wy);
+        }
+        ws[r] = l, ws[rows + r] = zl;
+    }
+    if (!dl) return;
+
+    /* sweep 2: the gradient, scaled by the reduction */
+    T *d = dl + r * dls;
+    const A scale = reduction == OPSMITH_CROSS_ENTROPY_REDUCTION_MEAN ? A(1) / ws[2 * rows] : A(1);
+    const A coef = (o.one_m_ls * wt + o.ls_n * W + A(2) * o.z * lse) * scale, tcoef = o.one_m_ls * wt * scale;
+    const A sm = o.ls_n * scale, fill = bad ? nan_acc<A>() : A(0);
+    const bool zero = ignored || bad;
+    auto grad = [&](A v, int64_t c) -> A {
+        if (zero) return fill;
+        const A y = capped(v, o);
+        A g = exp_acc(y - lse) * coef - sm * (w ? w[c] : A(1));
+        if (c == t) g -= tcoef;
+        if (o.cap > A(0)) g *= A(1) - (y * o.inv_cap) * (y * o.inv_cap);
+        return g;
+    };
+    if constexpr (PACKED) {
+        for (int64_t i = (int64_t)threadIdx.x * V; i < body; i += (int64_t)blockDim.x * V) {
+            Pack<T> p;
+            if (!zero) p = load_pack(xr + i);
+            Pack<T> q;
+#pragma unroll
+            for (int k = 0; k < V; k++) q.v[k] = from_acc<T>(grad(zero ? A(0) : to_acc(p.v[k]), i + k));
+            store_pack(d + i, q);
+        }
+    }
+    for (int64_t i = body + threadIdx.x; i < n; i += blockDim.x) d[i] = from_acc<T>(grad(zero ? A(0) : to_acc(xr[i]), i));
+}
+
+/* the reduced loss and z-loss (or the per-row values, reduction none) */
+template <typename T, typename A>
+__global__ void __launch_bounds__(kPrepThreads)
+finish_kernel(int64_t rows, int reduction, const A *__restrict__ ws, T *__restrict__ loss, T *__restrict__ zout) {
+    __shared__ A scratch[32];
+    if (reduction == OPSMITH_CROSS_ENTROPY_REDUCTION_NONE) {
+        for (int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; r < rows; r += (int64_t)gridDim.x * blockDim.x) {
+            loss[r] = from_acc<T>(ws[r]);
+            if (zout) zout[r] = from_acc<T>(ws[rows + r]);
+        }
+        return;
+    }
+    A l = 0, zl = 0;
+    for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) l += ws[r], zl += ws[rows + r];
+    l = block_sum(l, scratch);
+    zl = block_sum(zl, scratch);
+    if (threadIdx.x == 0) {
+        const A d = reduction == OPSMITH_CROSS_ENTROPY_REDUCTION_MEAN ? ws[2 * rows] : A(1);
+        loss[0] = from_acc<T>(l / d);
+        if (zout) zout[0] = from_acc<T>(zl / d);
+    }
+}
+
+/* dx[r, :] = grad[r * gs] * dl[r, :]; in place, rows whose grad is exactly 1
+ * return at once (the common loss.backward(): no traffic at all) */
+template <typename T, typename A, bool PACKED>
+__global__ void scale_kernel(int64_t n, const T *__restrict__ g, int64_t gs, const T *dl, int64_t dls, T *dx,
+                             int64_t dxs) {
+    constexpr int V = PACKED ? Pack<T>::VEC : 1;
+    const int64_t r = blockIdx.x;
+    const A s = to_acc(g[r * gs]);
+    if (dx == dl && s == A(1)) return;
+    const T *in = dl + r * dls;
+    T *out = dx + r * dxs;
+    const int64_t body = PACKED ? n / V * V : 0;
+    if constexpr (PACKED) {
+        for (int64_t i = (int64_t)threadIdx.x * V; i < body; i += (int64_t)blockDim.x * V) {
+            const Pack<T> p = *reinterpret_cast<const Pack<T> *>(in + i);
+            Pack<T> q;
+#pragma unroll
+            for (int k = 0; k < V; k++) q.v[k] = from_acc<T>(to_acc(p.v[k]) * s);
+            store_pack(out + i, q);
+        }
+    }
+    for (int64_t i = body + threadIdx.x; i < n; i += blockDim.x) out[i] = from_acc<T>(to_acc(in[i]) * s);
+}
+
+inline int threads_for(int64_t n, int vec) {
+    const int64_t steps = (n + vec - 1) / vec;
+    return steps >= 4096 ? 1024 : steps >= 1024 ? 512 : steps >= 256 ? 256 : 64;
+}
+
+template <opsmith_dtype D>
+opsmith_status fwd(int64_t rows, int64_t n, const void *x, int64_t xs, const int64_t *tg, int64_t ts, const void *w,
+                   int64_t ignore, double ls, double z, double cap, int red, void *loss, void *zout, void *lse,
+                   void *dl, int64_t dls, int64_t *error, void *workspace, cudaStream_t stream) {
+    using T = typename Storage<D>::T;
+    using A = typename Storage<D>::Acc;
+    constexpr int vec = Pack<T>::VEC;
+    A *ws = static_cast<A *>(workspace);
+    const A *wp = static_cast<const A *>(w);
+    prep_kernel<A><<<1, kPrepThreads, 0, stream>>>(rows, n, tg, ts, wp, ignore, ws);
+    if (rows > 0) {
+        Opts<A> o;
+        o.ls_n = (A)(ls / (double)n), o.one_m_ls = (A)(1.0 - ls), o.z = (A)z, o.cap = (A)cap;
+        o.inv_cap = cap > 0 ? (A)(1.0 / cap) : A(0);
+        const T *xp = static_cast<const T *>(x);
+        T *dp = static_cast<T *>(dl);
+        const bool packed = aligned16(x) && (rows == 1 || xs % vec == 0) &&
+                            (!dl || (aligned16(dl) && (rows == 1 || dls % vec == 0)));
+        const int threads = threads_for(n, packed ? vec : 1);
+        if (packed)
+            rows_kernel<T, A, true><<<(unsigned)rows, threads, 0, stream>>>(rows, n, xp, xs, tg, ts, wp, ignore, o, red,
+                                                                           ws, static_cast<A *>(lse), dp, dls, error);
+        else
+            rows_kernel<T, A, false><<<(unsigned)rows, threads, 0, stream>>>(rows, n, xp, xs, tg, ts, wp, ignore, o, red,
+                                                                            ws, static_cast<A *>(lse), dp, dls, error);
+    }
+    const unsigned fin = red == OPSMITH_CROSS_ENTROPY_REDUCTION_NONE
+                             ? (unsigned)(rows / kPrepThreads + 1 < 4096 ? rows / kPrepThreads + 1 : 4096)
+                             : 1u;
+    finish_kernel<T, A><<<fin, kPrepThreads, 0, stream>>>(rows, red, ws, static_cast<T *>(loss), static_cast<T *>(zout));
+    return launch_status();
+}
+
+template <opsmith_dtype D>
+opsmith_status bwd(int64_t rows, int64_t n, const void *g, int64_t gs, const void *dl, int64_t dls, void *dx,
+                   int64_t dxs, cudaStream_t stream) {
+    using T = typename Storage<D>::T;
+    using A = typename Storage<D>::Acc;
+    constexpr int vec = Pack<T>::VEC;
+    const bool packed = aligned16(dl) && aligned16(dx) && (rows == 1 || (dls % vec == 0 && dxs % vec == 0));
+    const int threads = threads_for(n, packed ? vec : 1);
+    const T *gp = static_cast<const T *>(g), *dp = static_cast<const T *>(dl);
+    T *xp = static_cast<T *>(dx);
+    if (packed)
+        scale_kernel<T, A, true><<<(unsigned)rows, threads, 0, stream>>>(n, gp, gs, dp, dls, xp, dxs);
+    else
+        scale_kernel<T, A, false><<<(unsigned)rows, threads, 0, stream>>>(n, gp, gs, dp, dls, xp, dxs);
+    return launch_status();
+}
+
+} // namespace
+} // namespace opsmith
+
+using namespace opsmith;
+
+extern "C" opsmith_status opsmith_cross_entropy_fwd_cuda(
+    opsmith_dtype dtype, int64_t rows, int64_t n, const void *logits, int64_t logits_row_stride, const int64_t *target,
+    int64_t target_stride, const void *weight, int64_t ignore_index, double label_smoothing, double z_loss,
+    double softcap, opsmith_cross_entropy_reduction reduction, void *loss, void *z_out, void *lse, void *dlogits,
+    int64_t dlogits_row_stride, int64_t *error, void *workspace, size_t workspace_bytes, opsmith_cuda_stream stream) {
+    opsmith_status st = opsmith_internal_cross_entropy_fwd_check(
+        "cross_entropy_fwd_cuda", dtype, rows, n, logits, logits_row_stride, target, label_smoothing, z_loss, softcap,
+        (int)reduction, loss, dlogits, dlogits_row_stride, error, 1, workspace, workspace_bytes);
+    if (st != OPSMITH_STATUS_SUCCESS) return st;
+    if (rows > 0x7fffffffLL)
+        return opsmith_internal_fail(OPSMITH_STATUS_INVALID_ARGUMENT, "cross_entropy_fwd_cuda: rows (%lld) must be < 2^31",
+                                     (long long)rows);
+    return dispatch_float(dtype, OPSMITH_STATUS_UNSUPPORTED_DTYPE, [&](auto tag) {
+        return fwd<decltype(tag)::value>(rows, n, logits, logits_row_stride, target, target_stride, weight,
+                                         ignore_index, label_smoothing, z_loss, softcap, (int)reduction, loss, z_out,
+                                         lse, dlogits, dlogits_row_stride, error, workspace, stream);
+    });
+}
+
+extern "C" opsmith_status opsmith_cross_entropy_bwd_cuda(opsmith_dtype dtype, int64_t rows, int64_t n,
+                                                         const void *grad, int64_t grad_stride, const void *dlogits,
+                                                         int64_t dlogits_row_stride, void *dx, int64_t dx_row_stride,
+                                                         opsmith_cuda_stream stream) {
+    opsmith_status st = opsmith_internal_cross_entropy_bwd_check("cross_entropy_bwd_cuda", dtype, rows, n, grad,
+                                                                 grad_stride, dlogits, dlogits_row_stride, dx,
+                                                                 dx_row_stride);
+    if (st != OPSMITH_STATUS_SUCCESS || rows == 0) return st;
+    if (rows > 0x7fffffffLL)
+        return opsmith_internal_fail(OPSMITH_STATUS_INVALID_ARGUMENT, "cross_entropy_bwd_cuda: rows (%lld) must be < 2^31",
+                                     (long long)rows);
+    return dispatch_float(dtype, OPSMITH_STATUS_UNSUPPORTED_DTYPE, [&](auto tag) {
+        return bwd<decltype(tag)::value>(rows, n, grad, grad_stride, dlogits, dlogits_row_stride, dx, dx_row_stride,
+                                         stream);
+    });
+}

@@ -1,0 +1,296 @@
+/* softmax launchers (CPU, and CUDA when built with OPSMITH_WITH_CUDA=1)
+ * against the float64 scalar reference.
+ *
+ * Inputs are drawn in double, rounded into the storage dtype, and the
+ * reference sees the rounded values, so only the kernel's own arithmetic and
+ * output rounding are measured. Outputs start as 0xFF bytes (NaN in every
+ * float type) so an unwritten element fails, and sit between guard bytes so
+ * a write outside the tensor (or into the padding between rows) fails too. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+
+#if defined(OPSMITH_WITH_CUDA) && OPSMITH_WITH_CUDA
+#include <cuda_runtime_api.h>
+#define TEST_CUDA 1
+#else
+#define TEST_CUDA 0
+#endif
+
+#define GUARD 64
+#define GUARD_BYTE 0x5A
+#define POISON_BYTE 0xFF
+
+typedef struct {
+    opsmith_dtype dt;
+    int64_t rows, n, pad; /* row stride of every tensor: n + pad */
+    int off;              /* elements the tensors start past 16-byte alignment */
+    int log; /* 0: softmax, 1: log_softmax */
+} softmax_case;
+
+typedef struct {
+    unsigned char *base; /* [GUARD][payload][GUARD] */
+    size_t bytes;
+} softmax_buf;
+
+static softmax_buf buf_new(size_t bytes, int poison)
+{
+    softmax_buf b = {malloc(bytes + 2 * GUARD), bytes};
+    if (!b.base) {
+        fprintf(stderr, "out of host memory (%zu bytes)\n", bytes);
+        exit(2);
+    }
+    memset(b.base, GUARD_BYTE, bytes + 2 * GUARD);
+    if (poison)
+        memset(b.base + GUARD, POISON_BYTE, bytes);
+    return b;
+}
+
+static void *payload(const softmax_buf *b) { return b->base + GUARD; }
+
+static int guards_ok(const softmax_buf *b)
+{
+    for (size_t i = 0; i < GUARD; i++)
+        if (b->base[i] != GUARD_BYTE || b->base[GUARD + b->bytes + i] != GUARD_BYTE)
+            return 0;
+    return 1;
+}
+
+static double tol_of(opsmith_dtype dt)
+{
+    switch (dt) {
+    case OPSMITH_DTYPE_F64: return 1e-12;
+    case OPSMITH_DTYPE_F32: return 1e-5; /* sums of 40000 terms in float */
+    case OPSMITH_DTYPE_F16: return 2e-3;
+    default: return 1.6e-2;
+    }
+}
+
+/* Compares the (rows, n) elements of out (row stride s, starting `off`
+ * elements in) with ref; the padding between rows must still be poison. */
+static void check_out(const softmax_case *c, const char *what, const char *be, const softmax_buf *out,
+                      const double *ref)
+{
+    const int64_t s = c->n + c->pad;
+    const size_t es = opsmith_dtype_size(c->dt);
+    double err = 0.0, scale = 1.0;
+    int untouched = 1, gaps = 1;
+    for (int64_t r = 0; r < c->rows; r++)
+        for (int64_t i = 0; i < s; i++) {
+            const int64_t at = c->off + r * s + i;
+            if (i >= c->n) { /* padding between rows (the last row's ends the tensor) */
+                if (r + 1 < c->rows)
+                    for (size_t b = 0; b < es; b++)
+                        gaps &= ((unsigned char *)payload(out))[at * es + b] == POISON_BYTE;
+                continue;
+            }
+            const double got = opsmith_load_as_double(c->dt, payload(out), at), want = ref[r * c->n + i];
+            if (isnan(got)) untouched = 0;
+            err = fmax(err, fabs(got - want));
+            scale = fmax(scale, fabs(want));
+        }
+    CHECK(untouched, "%s %s %s rows=%lld n=%lld pad=%lld off=%d: an element was not written (NaN)", be, what,
+          opsmith_dtype_name(c->dt), (long long)c->rows, (long long)c->n, (long long)c->pad, c->off);
+    CHECK(err <= tol_of(c->dt) * scale, "%s %s %s rows=%lld n=%lld pad=%lld off=%d: max err %.3e > %.3e", be, what,
+          opsmith_dtype_name(c->dt), (long long)c->rows, (long long)c->n, (long long)c->pad, c->off, err,
+          tol_of(c->dt) * scale);
+    CHECK(gaps && guards_ok(out), "%s %s %s rows=%lld n=%lld: wrote outside the tensor", be, what,
+          opsmith_dtype_name(c->dt), (long long)c->rows, (long long)c->n);
+}
+
+/* The test's inputs: x and dy in the dtype (with padding left poison),
+ * their rounded values in double, and the reference results. */
+typedef struct {
+    softmax_buf x, dy;
+    double *xd, *dyd, *y_ref, *dx_ref;
+    size_t bytes;
+} softmax_data;
+
+static void data_init(softmax_data *d, const softmax_case *c, test_rng *rng)
+{
+    const int64_t s = c->n + c->pad, count = c->rows * c->n;
+    const size_t es = opsmith_dtype_size(c->dt);
+    d->bytes = (size_t)(c->off + (c->rows ? (c->rows - 1) * s + c->n : 0)) * es + 16;
+    d->x = buf_new(d->bytes, 1), d->dy = buf_new(d->bytes, 1);
+    d->xd = malloc(sizeof(double) * (size_t)(count + 1)), d->dyd = malloc(sizeof(double) * (size_t)(count + 1));
+    d->y_ref = malloc(sizeof(double) * (size_t)(count + 1)), d->dx_ref = malloc(sizeof(double) * (size_t)(count + 1));
+    if (!d->xd || !d->dyd || !d->y_ref || !d->dx_ref) {
+        fprintf(stderr, "out of host memory\n");
+        exit(2);
+    }
+    for (int64_t r = 0; r < c->rows; r++)
+        for (int64_t i = 0; i < c->n; i++) {
+            const int64_t at = c->off + r * s + i;
+            opsmith_store_from_double(c->dt, payload(&d->x), at, rng_value(rng));
+            opsmith_store_from_double(c->dt, payload(&d->dy), at, rng_value(rng));
+            d->xd[r * c->n + i] = opsmith_load_as_double(c->dt, payload(&d->x), at);
+            d->dyd[r * c->n + i] = opsmith_load_as_double(c->dt, payload(&d->dy), at);
+        }
+    opsmith_softmax_fwd_reference(c->rows, c->n, d->xd, c->log, d->y_ref);
+    opsmith_softmax_bwd_reference(c->rows, c->n, d->dyd, d->xd, c->log, d->dx_ref);
+}
+
+static void data_free(softmax_data *d)
+{
+    free(d->x.base), free(d->dy.base), free(d->xd), free(d->dyd), free(d->y_ref), free(d->dx_ref);
+}
+
+static void *at_off(const softmax_buf *b, const softmax_case *c)
+{
+    return (unsigned char *)payload(b) + (size_t)c->off * opsmith_dtype_size(c->dt);
+}
+
+static void run_cpu(const softmax_case *c, const softmax_data *d)
+{
+    const int64_t s = c->n + c->pad;
+    softmax_buf y = buf_new(d->bytes, 1), dx = buf_new(d->bytes, 1);
+    opsmith_status st = opsmith_softmax_fwd_cpu(c->dt, c->rows, c->n, at_off(&d->x, c), s, c->log, at_off(&y, c), s);
+    if (CHECK(st == OPSMITH_STATUS_SUCCESS, "cpu fwd: %s (%s)", opsmith_status_string(st), opsmith_last_error()))
+        check_out(c, "fwd", "cpu", &y, d->y_ref);
+    st = opsmith_softmax_bwd_cpu(c->dt, c->rows, c->n, at_off(&d->dy, c), s, at_off(&d->x, c), s, c->log,
+                               at_off(&dx, c), s);
+    if (CHECK(st == OPSMITH_STATUS_SUCCESS, "cpu bwd: %s (%s)", opsmith_status_string(st), opsmith_last_error()))
+        check_out(c, "bwd", "cpu", &dx, d->dx_ref);
+    /* in place: y over a copy of x, dx over a copy of dy */
+    memcpy(y.base, d->x.base, d->bytes + 2 * GUARD);
+    st = opsmith_softmax_fwd_cpu(c->dt, c->rows, c->n, at_off(&y, c), s, c->log, at_off(&y, c), s);
+    if (CHECK(st == OPSMITH_STATUS_SUCCESS, "cpu fwd in place: %s", opsmith_last_error()))
+        check_out(c, "fwd in place", "cpu", &y, d->y_ref);
+    memcpy(dx.base, d->dy.base, d->bytes + 2 * GUARD);
+    st = opsmith_softmax_bwd_cpu(c->dt, c->rows, c->n, at_off(&dx, c), s, at_off(&d->x, c), s, c->log,
+                               at_off(&dx, c), s);
+    if (CHECK(st == OPSMITH_STATUS_SUCCESS, "cpu bwd in place: %s", opsmith_last_error()))
+        check_out(c, "bwd in place", "cpu", &dx, d->dx_ref);
+    free(y.base), free(dx.base);
+}
+
+#if TEST_CUDA
+/* Whole buffers (poison and guards included) go to the device and back, so
+ * unwritten elements and stray writes show up exactly as on the CPU. */
+static int cuda_ok(cudaError_t e, const char *what)
+{
+    return CHECK(e == cudaSuccess, "cuda %s: %s", what, cudaGetErrorString(e));
+}
+
+static void run_cuda(const softmax_case *c, const softmax_data *d)
+{
+    const int64_t s = c->n + c->pad;
+    const size_t total = d->bytes + 2 * GUARD, lead = GUARD + (size_t)c->off * opsmith_dtype_size(c->dt);
+    unsigned char *dev_x = NULL, *dev_dy = NULL, *dev_y = NULL, *dev_dx = NULL;
+    softmax_buf y = buf_new(d->bytes, 1), dx = buf_new(d->bytes, 1);
+    if (cuda_ok(cudaMalloc((void **)&dev_x, total), "malloc") && cuda_ok(cudaMalloc((void **)&dev_dy, total), "malloc") &&
+        cuda_ok(cudaMalloc((void **)&dev_y, total), "malloc") && cuda_ok(cudaMalloc((void **)&dev_dx, total), "malloc") &&
+        cuda_ok(cudaMemcpy(dev_x, d->x.base, total, cudaMemcpyHostToDevice), "upload") &&
+        cuda_ok(cudaMemcpy(dev_dy, d->dy.base, total, cudaMemcpyHostToDevice), "upload") &&
+        cuda_ok(cudaMemcpy(dev_y, y.base, total, cudaMemcpyHostToDevice), "upload") &&
+        cuda_ok(cudaMemcpy(dev_dx, dx.base, total, cudaMemcpyHostToDevice), "upload")) {
+        opsmith_status st = opsmith_softmax_fwd_cuda(c->dt, c->rows, c->n, dev_x + lead, s, c->log, dev_y + lead, s,
+                                                   NULL);
+        CHECK(st == OPSMITH_STATUS_SUCCESS, "cuda fwd: %s (%s)", opsmith_status_string(st), opsmith_last_error());
+        st = opsmith_softmax_bwd_cuda(c->dt, c->rows, c->n, dev_dy + lead, s, dev_x + lead, s, c->log, dev_dx + lead,
+                                    s, NULL);
+        CHECK(st == OPSMITH_STATUS_SUCCESS, "cuda bwd: %s (%s)", opsmith_status_string(st), opsmith_last_error());
+        if (cuda_ok(cudaMemcpy(y.base, dev_y, total, cudaMemcpyDeviceToHost), "download") &&
+            cuda_ok(cudaMemcpy(dx.base, dev_dx, total, cudaMemcpyDeviceToHost), "download")) {
+            check_out(c, "fwd", "cuda", &y, d->y_ref);
+            check_out(c, "bwd", "cuda", &dx, d->dx_ref);
+        }
+    }
+    cudaFree(dev_x), cudaFree(dev_dy), cudaFree(dev_y), cudaFree(dev_dx);
+    free(y.base), free(dx.base);
+}
+
+/* 1: a device runs the cases; 0: none here (skipped); -1: failed. */
+static int cuda_begin(void)
+{
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+        cudaGetLastError();
+        return 0;
+    }
+    return 1;
+}
+#else
+static int cuda_begin(void)
+{
+    /* a CUDA-less library answers CUDA_UNAVAILABLE, naming the reason */
+    static float x[8], y[8];
+    opsmith_status st = opsmith_softmax_fwd_cuda(OPSMITH_DTYPE_F32, 2, 4, x, 4, 1, y, 4, NULL);
+    CHECK(opsmith_has_cuda() || (st == OPSMITH_STATUS_CUDA_UNAVAILABLE && strstr(opsmith_last_error(), "without CUDA")),
+          "CUDA-less softmax_fwd_cuda returned \"%s\" (%s)", opsmith_status_string(st), opsmith_last_error());
+    st = opsmith_softmax_bwd_cuda(OPSMITH_DTYPE_F32, 2, 4, x, 4, x, 4, 1, y, 4, NULL);
+    CHECK(opsmith_has_cuda() || st == OPSMITH_STATUS_CUDA_UNAVAILABLE, "CUDA-less softmax_bwd_cuda returned \"%s\"",
+          opsmith_status_string(st));
+    return -1;
+}
+static void run_cuda(const softmax_case *c, const softmax_data *d) { (void)c, (void)d; }
+#endif
+
+/* One bad argument: the status, and a message naming it. */
+static void expect(opsmith_status got, opsmith_status want, const char *needle, const char *what)
+{
+    CHECK(got == want && strstr(opsmith_last_error(), needle) != NULL,
+          "%s: got \"%s\" (%s), want \"%s\" naming \"%s\"", what, opsmith_status_string(got), opsmith_last_error(),
+          opsmith_status_string(want), needle);
+}
+
+static void test_bad_args(void)
+{
+    static double x[8], dy[8], y[8], dx[8];
+    const opsmith_dtype F32 = OPSMITH_DTYPE_F32;
+    const opsmith_status INVALID = OPSMITH_STATUS_INVALID_ARGUMENT, DTYPE = OPSMITH_STATUS_UNSUPPORTED_DTYPE;
+    expect(opsmith_softmax_fwd_cpu(F32, 2, 4, x, 4, 1, y, 4), OPSMITH_STATUS_SUCCESS, "", "valid fwd");
+    expect(opsmith_softmax_fwd_cpu(F32, -1, 4, x, 4, 1, y, 4), INVALID, "rows (-1)", "rows < 0");
+    expect(opsmith_softmax_fwd_cpu(F32, 2, 0, x, 4, 1, y, 4), INVALID, "n (0)", "n = 0");
+    expect(opsmith_softmax_fwd_cpu(F32, 2, 4, NULL, 4, 1, y, 4), INVALID, "x is NULL", "x NULL");
+    expect(opsmith_softmax_fwd_cpu(F32, 2, 4, x, 4, 1, NULL, 4), INVALID, "y is NULL", "y NULL");
+    expect(opsmith_softmax_fwd_cpu(F32, 2, 4, x, 3, 1, y, 4), INVALID, "x_row_stride (3)", "x stride");
+    expect(opsmith_softmax_fwd_cpu(F32, 2, 4, x, 4, 1, y, 3), INVALID, "y_row_stride (3)", "y stride");
+    expect(opsmith_softmax_fwd_cpu(OPSMITH_DTYPE_I32, 2, 4, x, 4, 1, y, 4), DTYPE, "i32", "integer dtype");
+    expect(opsmith_softmax_fwd_cpu((opsmith_dtype)99, 2, 4, x, 4, 1, y, 4), DTYPE, "dtype", "dtype out of range");
+    expect(opsmith_softmax_fwd_cpu(F32, 2, 4, (char *)x + 1, 4, 1, y, 4), OPSMITH_STATUS_MISALIGNED, "x (",
+           "misaligned x");
+    expect(opsmith_softmax_fwd_cpu(F32, 2, 4, x, 4, 1, (float *)x + 1, 4), INVALID, "y overlaps x", "partial alias");
+    expect(opsmith_softmax_fwd_cpu(F32, 0, 4, NULL, 4, 1, NULL, 4), OPSMITH_STATUS_SUCCESS, "", "no rows");
+    expect(opsmith_softmax_bwd_cpu(F32, 2, 4, dy, 4, x, 4, 1, dx, 4), OPSMITH_STATUS_SUCCESS, "", "valid bwd");
+    expect(opsmith_softmax_bwd_cpu(F32, 2, 4, NULL, 4, x, 4, 1, dx, 4), INVALID, "dy is NULL", "dy NULL");
+    expect(opsmith_softmax_bwd_cpu(F32, 2, 4, dy, 4, x, 4, 1, NULL, 4), INVALID, "dx is NULL", "dx NULL");
+    expect(opsmith_softmax_bwd_cpu(F32, 2, 4, dy, 3, x, 4, 1, dx, 4), INVALID, "dy_row_stride (3)", "dy stride");
+    expect(opsmith_softmax_bwd_cpu(F32, 2, 4, dy, 4, x, 4, 1, (void *)x, 4), INVALID, "dx overlaps y", "dx = y");
+    expect(opsmith_softmax_bwd_cpu(F32, 2, 4, dy, 4, x, 4, 1, (char *)dx + 2, 4), OPSMITH_STATUS_MISALIGNED, "dx (",
+           "misaligned dx");
+}
+
+HARNESS_GROUP(test_softmax)
+{
+    const int cuda = cuda_begin();
+    /* widths around the CPU's LANES and CHUNK and the CUDA packs; padded,
+     * offset (unaligned: the scalar paths) and one-row calls */
+    const struct { int64_t rows, n, pad; int off; int log; } shapes[] = {
+        {1, 1, 0, 0, 0},    {3, 7, 0, 0, 1},      {5, 64, 0, 0, 0},   {2, 4099, 0, 0, 1},
+        {7, 33, 5, 1, 0},    {4, 256, 8, 0, 1},    {1, 8193, 0, 3, 0}, {300, 129, 0, 0, 1},
+        {16, 2048, 16, 0, 0}, {3, 40000, 8, 0, 1}, {2, 40000, 0, 1, 0}, {0, 16, 0, 0, 1},
+    };
+    for (int di = 0; di < OPSMITH_DTYPE_COUNT; di++) {
+        const opsmith_dtype dt = (opsmith_dtype)di;
+        if (!opsmith_dtype_is_float(dt))
+            continue; /* integer dtypes are refused: test_bad_args */
+        test_rng rng = {0x5EEDull * (uint64_t)(di + 1)};
+        for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+            const softmax_case c = {dt, shapes[k].rows, shapes[k].n, shapes[k].pad, shapes[k].off, shapes[k].log};
+            softmax_data d;
+            data_init(&d, &c, &rng);
+            if (c.rows > 0)
+                run_cpu(&c, &d);
+            if (cuda > 0 && c.rows > 0)
+                run_cuda(&c, &d);
+            else if (cuda == 0)
+                harness_skip(1);
+            data_free(&d);
+        }
+    }
+    test_bad_args();
+}

@@ -1,0 +1,377 @@
+"""cross_entropy through every route: against torch.nn.functional.cross_entropy in
+float64 for every option PyTorch has (weight, ignore_index, reductions,
+label_smoothing; every dtype), z_loss and softcap against a float64 formula,
+the fused gradient path (the backward scales the forward's gradient; in place
+only when the graph is not kept), inplace_grad, out-of-range targets,
+everything ignored, errors naming the argument, gradcheck, opcheck,
+torch.compile(fullgraph=True), CUDA graphs, route A against route B, the
+module. CUDA cases are collected everywhere and skipped without a GPU."""
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import opsmith
+import opsmith.pybind
+from opsmith.ops.cross_entropy import CrossEntropyLoss, cross_entropy, cross_entropy_pybind
+from opsmith.specs.cross_entropy import formula
+
+HAS_CUDA = torch.cuda.is_available()
+CUDA = pytest.mark.skipif(not HAS_CUDA, reason="CUDA is not available")
+DEVICES = ["cpu", pytest.param("cuda", marks=CUDA)]
+DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16]
+TOL = {torch.float64: 1e-10, torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+
+def make(rows, n, dtype, device, ignore_frac=0.25, seed=0, scale=3.0):
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(rows, n, generator=g) * scale).to(dtype).to(device)
+    t = torch.randint(0, n, (rows,), generator=g)
+    t = torch.where(torch.rand(rows, generator=g) < ignore_frac, -100, t).to(device)
+    w = (0.5 + torch.rand(n, generator=g)).to(dtype).to(device)
+    return x, t, w
+
+
+def assert_close(got, want, dtype, what):
+    got, want = got.detach().double().cpu(), want.detach().double().cpu()
+    assert torch.equal(torch.isnan(got), torch.isnan(want)), f"{what}: NaN pattern differs"
+    ok = ~torch.isnan(want)
+    if not ok.any():
+        return
+    err = (got[ok] - want[ok]).abs().max().item()
+    bound = TOL[dtype] * max(1.0, want[ok].abs().max().item())
+    assert err <= bound, f"{what}: max|got - float64 reference| = {err:.3e} > {bound:.3e}"
+
+
+def assert_grad_close(got, want, dtype, what):
+    # gradients of a mean are small: relative to their largest element
+    got, want = got.detach().double().cpu(), want.detach().double().cpu()
+    assert not torch.isnan(got).any(), f"{what}: NaN (an element was not written?)"
+    err = (got - want).abs().max().item()
+    bound = TOL[dtype] * max(want.abs().max().item(), 1e-300)
+    assert err <= bound, f"{what}: max|got - float64 reference| = {err:.3e} > {bound:.3e}"
+
+
+def torch_reference(x, t, w, **kw):
+    """F.cross_entropy on float64 copies: loss and d loss / d logits (incoming gradient g)."""
+    xd = x.detach().double().requires_grad_()
+    loss = F.cross_entropy(xd, t, None if w is None else w.double(), **kw)
+    return loss, xd
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_matches_torch(device, dtype):
+    # every combination of the options PyTorch has, one small call each
+    x, t, w = make(13, 301, dtype, device)
+    for reduction, weighted, ls, ignore in itertools.product(("mean", "sum", "none"), (False, True), (0.0, 0.15),
+                                                             (-100, 7)):
+        tt = torch.where(torch.arange(13, device=device) % 4 == 2, ignore, t.clamp(min=0))
+        kw = dict(ignore_index=ignore, reduction=reduction, label_smoothing=ls)
+        what = f"{dtype} {reduction} weighted={weighted} ls={ls} ignore={ignore}"
+        xg = x.clone().requires_grad_()
+        loss = cross_entropy(xg, tt, w if weighted else None, **kw)
+        ref, xd = torch_reference(x, tt, w if weighted else None, **kw)
+        assert loss.dtype == dtype and loss.shape == ref.shape, what
+        assert_close(loss, ref, dtype, what + " loss")
+        g = torch.randn(ref.shape, dtype=torch.float64).to(device) if reduction == "none" else torch.tensor(1.7, dtype=torch.float64, device=device)
+        (dx,) = torch.autograd.grad(loss, [xg], g.to(dtype))
+        (dref,) = torch.autograd.grad(ref, [xd], g.to(dtype).double())
+        assert dx.dtype == dtype and dx.shape == x.shape
+        assert_grad_close(dx, dref, dtype, what + " dlogits")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_z_loss_and_softcap(device, dtype, reduction):
+    x, t, w = make(9, 515, dtype, device, scale=20.0)
+    kw = dict(ignore_index=-100, label_smoothing=0.1, z_loss=1e-3, softcap=15.0)
+    xg = x.clone().requires_grad_()
+    loss, zl = cross_entropy(xg, t, w, reduction=reduction, return_z_loss=True, **kw)
+    xd = x.detach().double().requires_grad_()
+    rows = formula(xd, t, w.double(), **kw)
+    keep = t != -100
+    lse = torch.logsumexp(15.0 * torch.tanh(xd / 15.0), -1)
+    zrows = torch.where(keep, 1e-3 * lse * lse, 0.0)
+    denom = w.double()[t[keep]].sum()
+    ref, zref = {"none": (rows, zrows), "sum": (rows.sum(), zrows.sum()),
+                 "mean": (rows.sum() / denom, zrows.sum() / denom)}[reduction]
+    assert_close(loss, ref, dtype, "loss")
+    assert_close(zl, zref, dtype, "z_loss part")
+    assert not zl.requires_grad
+    g = torch.rand(ref.shape, dtype=torch.float64, device=device) + 0.5
+    (dx,) = torch.autograd.grad(loss, [xg], g.to(dtype))
+    (dref,) = torch.autograd.grad(ref, [xd], g.to(dtype).double())
+    assert_grad_close(dx, dref, dtype, "dlogits")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_wide_rows(device):
+    # a Gemma-sized row on the CPU; CUDA also takes the unaligned (scalar) path
+    rows = 2 if device == "cpu" else 6
+    x, t, _ = make(rows, 262144, torch.bfloat16, device, ignore_frac=0.0)
+    for xs in ((x,) if device == "cpu" else (x, torch.nn.functional.pad(x, (0, 3))[:, 1:262145])):
+        xg = xs.clone().requires_grad_()
+        loss = cross_entropy(xg, t)
+        ref, xd = torch_reference(xs, t, None)
+        assert_close(loss, ref, torch.bfloat16, "loss")
+        loss.backward()
+        ref.backward()
+        assert_grad_close(xg.grad, xd.grad, torch.bfloat16, "dlogits")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_shapes_and_layouts(device):
+    x, t, w = make(24, 66, torch.float32, device)
+    t = t.clamp(min=0)
+    # [..., V] with target [...]; reduction none keeps the target's shape
+    x3, t3 = x.view(2, 12, 66), t.view(2, 12)
+    out = cross_entropy(x3, t3, reduction="none")
+    assert out.shape == (2, 12)
+    assert_close(out, F.cross_entropy(x.double(), t, reduction="none").view(2, 12), torch.float32, "3-D")
+    # one row, unbatched, as PyTorch
+    assert_close(cross_entropy(x[0], t[0]), F.cross_entropy(x[0].double(), t[0]), torch.float32, "1-D")
+    base = torch.randn(66, 48, device=device)
+    views = {"transposed": base.t()[:, :66], "sliced": base[:48, 1:40].t().contiguous()[:, :24].t(),
+             "every_other_row": torch.randn(96, 66, device=device)[::2]}
+    for name, v in views.items():
+        tv = torch.randint(0, v.shape[-1], (v.shape[0],), device=device)
+        vg = v.clone().requires_grad_() if name == "transposed" else v.requires_grad_()
+        loss = cross_entropy(vg, tv, label_smoothing=0.1)
+        ref, vd = torch_reference(v, tv, None, label_smoothing=0.1)
+        assert_close(loss, ref, torch.float32, name)
+        loss.backward()
+        ref.backward()
+        assert_grad_close(vg.grad, vd.grad, torch.float32, name + " dlogits")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_reductions_of_nothing(device):
+    x = torch.empty(0, 8, device=device, requires_grad=True)
+    t = torch.empty(0, dtype=torch.long, device=device)
+    assert cross_entropy(x, t, reduction="none").shape == (0,)
+    assert cross_entropy(x, t, reduction="sum").item() == 0.0
+    assert torch.isnan(cross_entropy(x, t, reduction="mean"))
+    assert torch.isnan(F.cross_entropy(x, t, reduction="mean"))  # what PyTorch gives
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("weighted", [False, True])
+def test_all_ignored(device, weighted):
+    x, t, w = make(5, 33, torch.float32, device, ignore_frac=1.0)
+    assert (t == -100).all()
+    xg = x.clone().requires_grad_()
+    loss = cross_entropy(xg, t, w if weighted else None, label_smoothing=0.1)
+    ref = F.cross_entropy(x, t, w if weighted else None, label_smoothing=0.1)
+    assert torch.isnan(loss) and torch.isnan(ref), "mean over no targets is NaN, as PyTorch"
+    loss.backward()
+    assert torch.equal(xg.grad, torch.zeros_like(x)), "ignored rows have zero gradient"
+    assert cross_entropy(x, t, reduction="sum").item() == 0.0
+
+
+def test_bad_target_cpu():
+    x, t, _ = make(4, 10, torch.float32, "cpu", ignore_frac=0.0)
+    t[2] = 10
+    with pytest.raises(IndexError, match=r"^cross_entropy: target 10 \(row 2\) is out of range \[0, 10\)"):
+        cross_entropy(x, t)
+    t[2] = -3
+    with pytest.raises(IndexError, match=r"target -3 \(row 2\)"):
+        cross_entropy_pybind(x, t)
+
+
+@CUDA
+def test_bad_target_cuda():
+    # no host synchronisation by default: that row is NaN and a device-side
+    # flag is set; validate=True checks the flag (one sync) and raises
+    x, t, _ = make(4, 10, torch.float32, "cuda", ignore_frac=0.0)
+    t[2] = 12
+    rows = cross_entropy(x, t, reduction="none")
+    assert torch.isnan(rows[2]) and torch.isfinite(rows[[0, 1, 3]]).all()
+    xg = x.clone().requires_grad_()
+    loss = cross_entropy(xg, t)
+    assert torch.isnan(loss)
+    loss.backward()
+    assert torch.isnan(xg.grad[2]).all() and torch.isfinite(xg.grad[[0, 1, 3]]).all()
+    with pytest.raises(IndexError, match=r"^cross_entropy: target 12 \(row 2\) is out of range \[0, 10\)"):
+        cross_entropy(x, t, validate=True)
+    t[2] = 3
+    assert torch.isfinite(cross_entropy(x, t, validate=True))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_backward_scaling(device):
+    # the backward multiplies the forward's gradient by the incoming one: in
+    # place only when the graph is not kept, so retain_graph gives equal results
+    x, t, w = make(7, 40, torch.float64, device)
+    xg = x.clone().requires_grad_()
+    loss = cross_entropy(xg, t, w, label_smoothing=0.2)
+    ref, xd = torch_reference(x, t, w, label_smoothing=0.2)
+    (g1,) = torch.autograd.grad(loss * 3.0, [xg], retain_graph=True)
+    (g2,) = torch.autograd.grad(loss * 3.0, [xg], retain_graph=True)
+    (g3,) = torch.autograd.grad(loss, [xg])
+    (r1,) = torch.autograd.grad(ref * 3.0, [xd])
+    assert torch.equal(g1, g2)
+    assert_grad_close(g1, r1, torch.float64, "3 * loss")
+    assert_grad_close(g3 * 3.0, r1, torch.float64, "loss")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_inplace_grad(device):
+    # the training call: logits from the lm head, the gradient over their memory
+    g = torch.Generator().manual_seed(3)
+    h = torch.randn(10, 16, generator=g).to(device).requires_grad_()
+    W = torch.randn(50, 16, generator=g).to(device).requires_grad_()
+    t = torch.randint(0, 50, (10,), generator=g).to(device)
+    logits = h @ W.t()
+    ptr = logits.data_ptr()
+    loss = cross_entropy(logits, t, label_smoothing=0.1, inplace_grad=True)
+    loss.backward()
+    h2, W2 = h.detach().clone().requires_grad_(), W.detach().clone().requires_grad_()
+    F.cross_entropy(h2 @ W2.t(), t, label_smoothing=0.1).backward()
+    torch.testing.assert_close(loss, F.cross_entropy(h.detach() @ W.detach().t(), t, label_smoothing=0.1))
+    torch.testing.assert_close(h.grad, h2.grad)
+    torch.testing.assert_close(W.grad, W2.grad)
+    assert logits.data_ptr() == ptr
+    # a leaf that requires grad cannot be overwritten
+    with pytest.raises(RuntimeError, match=r"^cross_entropy: inplace_grad=True writes the gradient over logits"):
+        cross_entropy(torch.randn(4, 8, device=device, requires_grad=True), t[:4] % 8, inplace_grad=True)
+    # anything else that saved the logits fails its version check instead of using the gradient
+    logits = h.detach() @ W.t()
+    other = (logits * logits).sum()
+    cross_entropy(logits, t, inplace_grad=True).backward()
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        other.backward()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_errors_name_the_argument(device):
+    x, t, w = make(4, 8, torch.float32, device, ignore_frac=0.0)
+    cases = [
+        (lambda: cross_entropy(x, t, reduction="avg"), ValueError, r"^cross_entropy: reduction must be"),
+        (lambda: cross_entropy(x, t, label_smoothing=1.5), RuntimeError, r"^cross_entropy: label_smoothing must be in \[0, 1\]"),
+        (lambda: cross_entropy(x, t, z_loss=-1.0), RuntimeError, r"^cross_entropy: z_loss must be finite and >= 0"),
+        (lambda: cross_entropy(x, t, softcap=0.0), ValueError, r"^cross_entropy: softcap must be None or finite and > 0"),
+        (lambda: cross_entropy(x, t.int()), RuntimeError, r"^cross_entropy: target must be int64 class indices, got Int"),
+        (lambda: cross_entropy(x, t.float()), RuntimeError, r"^cross_entropy: target must be int64 class indices"),
+        (lambda: cross_entropy(x, t[:3]), RuntimeError, r"^cross_entropy: target must have shape \[4\]"),
+        (lambda: cross_entropy(x, t, w[:5]), RuntimeError, r"^cross_entropy: weight must have shape \[8\]"),
+        (lambda: cross_entropy(x, t, w.double()), RuntimeError, r"^cross_entropy: weight must have logits' dtype \(Float\), got Double"),
+        (lambda: cross_entropy(x.int(), t), RuntimeError, r"^cross_entropy: logits must be float64, float32, float16 or bfloat16"),
+        (lambda: cross_entropy(x.requires_grad_(), t, w.clone().requires_grad_()), RuntimeError,
+         r"^cross_entropy: the gradient of weight is not implemented"),
+    ]
+    for fn, exc, pattern in cases:
+        with pytest.raises(exc, match=pattern):
+            fn()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_gradcheck(device, reduction):
+    x, t, w = make(5, 11, torch.float64, device)
+    x.requires_grad_()
+    kw = dict(reduction=reduction, label_smoothing=0.1, z_loss=1e-2, softcap=4.0)
+    assert torch.autograd.gradcheck(lambda v: cross_entropy(v, t, w, **kw), (x,))
+    assert torch.autograd.gradcheck(lambda v: cross_entropy_pybind(v, t, w, **kw), (x,))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck(device):
+    x, t, w = make(6, 40, torch.float32, device)
+    x.requires_grad_()
+    for red, grad in ((0, False), (2, True), (1, True)):
+        torch.library.opcheck(torch.ops.opsmith.cross_entropy_fwd.default, (x, t, w, -100, 0.1, 1e-3, 10.0, red, grad))
+    torch.library.opcheck(torch.ops.opsmith.cross_entropy_fwd_.default, (x.detach().clone(), t, None, -100, 0.1, 0.0, 0.0, 2))
+    dl = torch.randn(6, 40, device=device)
+    torch.library.opcheck(torch.ops.opsmith.cross_entropy_bwd.default, (torch.tensor(2.0, device=device), dl))
+    torch.library.opcheck(torch.ops.opsmith.cross_entropy_bwd.default, (torch.randn(6, device=device), dl))
+    torch.library.opcheck(torch.ops.opsmith.cross_entropy_bwd_.default, (torch.randn(6, device=device), dl.clone()))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_compile_fullgraph(device):
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("aot_eager" if device == "cpu" else "inductor")
+    x, t, w = make(12, 96, torch.float32, device)
+    f = lambda v: cross_entropy(v * 2.0 + 1.0, t, w, label_smoothing=0.1, z_loss=1e-3) * 3.0  # noqa: E731
+    xg = x.clone().requires_grad_()
+    y = torch.compile(f, backend=counter, fullgraph=True)(xg)
+    (g,) = torch.autograd.grad(y, [xg])
+    (g_eager,) = torch.autograd.grad(f(xg), [xg])
+    assert counter.frame_count == 1
+    torch.testing.assert_close(y, f(xg))
+    torch.testing.assert_close(g, g_eager)
+    torch._dynamo.reset()
+
+
+@CUDA
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_cuda_graph_capture(dtype):
+    # forward + backward capture: no host synchronisation anywhere
+    x, t, w = make(64, 4099, dtype, "cuda")
+    xg = x.clone().requires_grad_()
+    kw = dict(label_smoothing=0.1, z_loss=1e-4, softcap=30.0)
+    ref = cross_entropy(xg, t, w, **kw)
+    (gref,) = torch.autograd.grad(ref * 2.0, [xg])
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):  # warm up on the side stream
+            torch.autograd.grad(cross_entropy(xg, t, w, **kw) * 2.0, [xg])
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        loss = cross_entropy(xg, t, w, **kw)
+        (gx,) = torch.autograd.grad(loss * 2.0, [xg])
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(loss, ref) and torch.equal(gx, gref)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_route_a_equals_route_b(device, dtype):
+    x, t, w = make(5, 77, dtype, device)
+    for red in ("mean", "none"):
+        xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+        kw = dict(reduction=red, label_smoothing=0.1, z_loss=1e-3, softcap=20.0)
+        ya, yb = cross_entropy_pybind(xa, t, w, **kw), cross_entropy(xb, t, w, **kw)
+        assert torch.equal(ya, yb)
+        g = torch.randn(ya.shape, device=device).to(dtype)
+        assert torch.equal(torch.autograd.grad(ya, [xa], g)[0], torch.autograd.grad(yb, [xb], g)[0])
+    assert opsmith.pybind.cross_entropy is cross_entropy_pybind
+
+
+def test_autodiff_limits_and_transforms():
+    x, t, _ = make(3, 10, torch.float64, "cpu")
+    x.requires_grad_()
+    (dx,) = torch.autograd.grad(cross_entropy(x, t), [x], create_graph=True)
+    with pytest.raises(RuntimeError, match=r"^cross_entropy: double backward is not supported"):
+        dx.sum().backward()
+    with pytest.raises(RuntimeError, match=r"^cross_entropy: forward-mode AD is not supported"):
+        torch.func.jvp(lambda v: cross_entropy(v, t), (x.detach(),), (torch.ones_like(x),))
+    g = torch.func.grad(lambda v: cross_entropy(v, t, label_smoothing=0.1))(x.detach())
+    ref, xd = torch_reference(x, t, None, label_smoothing=0.1)
+    ref.backward()
+    torch.testing.assert_close(g, xd.grad)
+    with pytest.raises(RuntimeError, match=r"cross_entropy: torch.func.vmap is not supported"):
+        torch.func.vmap(lambda v: cross_entropy(v, t))(x.detach().unsqueeze(0).expand(2, 3, 10))
+    with pytest.raises(RuntimeError, match=r"route A does not support torch\.func transforms"):
+        torch.func.grad(lambda v: cross_entropy_pybind(v, t))(x.detach())
+
+
+def test_module():
+    x, t, w = make(6, 9, torch.float32, "cpu")
+    ours = opsmith.nn.CrossEntropyLoss(weight=w, label_smoothing=0.1, ignore_index=-100)
+    theirs = torch.nn.CrossEntropyLoss(weight=w, label_smoothing=0.1, ignore_index=-100)
+    assert isinstance(ours, CrossEntropyLoss) and "label_smoothing=0.1" in repr(ours)
+    assert ours.state_dict().keys() == theirs.state_dict().keys() == {"weight"}
+    torch.testing.assert_close(ours(x, t), theirs(x, t))
+    assert opsmith.nn.CrossEntropyLoss(reduction="none")(x, t.clamp(min=0)).shape == (6,)
+    loss, z = opsmith.nn.CrossEntropyLoss(z_loss=1e-2, return_z_loss=True)(x, t)
+    assert z.item() > 0 and loss.item() > z.item()
+    assert opsmith.nn.CrossEntropyLoss(size_average=False).reduction == "sum"

@@ -1,0 +1,191 @@
+"""softmax and log_softmax through every route: against PyTorch in float64 on
+fresh random inputs (outputs poisoned first), any dim, layouts, masked rows,
+errors naming the argument, gradcheck, opcheck, torch.compile(fullgraph=True),
+CUDA graphs, route A against route B, vmap, the modules. CUDA cases are
+collected everywhere and skipped without a GPU."""
+import math
+
+import pytest
+import torch
+
+import opsmith
+import opsmith.pybind
+from opsmith.ops.softmax import LogSoftmax, Softmax, log_softmax, log_softmax_pybind, softmax, softmax_pybind
+
+HAS_CUDA = torch.cuda.is_available()
+CUDA = pytest.mark.skipif(not HAS_CUDA, reason="CUDA is not available")
+DEVICES = ["cpu", pytest.param("cuda", marks=CUDA)]
+DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16]
+TOL = {torch.float64: 1e-10, torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+FNS = {"softmax": (softmax, torch.softmax), "log_softmax": (log_softmax, torch.log_softmax)}
+
+
+def poison(t):
+    torch.full(t.shape, math.nan, dtype=t.dtype, device=t.device)
+
+
+def assert_close(got, want, dtype, what):
+    got, want = got.detach().double().cpu(), want.detach().double().cpu()
+    assert torch.equal(torch.isnan(got), torch.isnan(want)), f"{what}: NaN pattern differs"
+    ok = ~torch.isnan(want) & torch.isfinite(want)
+    if not ok.any():
+        return
+    err = (got[ok] - want[ok]).abs().max().item()
+    bound = TOL[dtype] * max(1.0, want[ok].abs().max().item())
+    assert err <= bound, f"{what}: max|got - float64 reference| = {err:.3e} > {bound:.3e}"
+
+
+@pytest.mark.parametrize("name", FNS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape", [(3, 257), (2, 5, 64), (4099,), (1, 1), (2, 40000)], ids=str)
+def test_reference(device, dtype, shape, name):
+    ours, theirs = FNS[name]
+    x = (torch.randn(shape) * 3).to(dtype).to(device).requires_grad_()
+    dy = torch.randn(shape).to(dtype).to(device)
+    poison(x)
+    y = ours(x)
+    assert y.shape == x.shape and y.dtype == dtype
+    xd = x.detach().double().requires_grad_()
+    ref = theirs(xd, -1)
+    assert_close(y, ref, dtype, "y")
+    (dx,) = torch.autograd.grad(y, [x], dy)
+    (dref,) = torch.autograd.grad(ref, [xd], dy.double())
+    assert_close(dx, dref, dtype, "dx")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_dims_dtype_and_layouts(device):
+    x = torch.randn(4, 6, 33, device=device)
+    for dim in (0, 1, -1, 2, -3):
+        for name, (ours, theirs) in FNS.items():
+            assert_close(ours(x, dim), theirs(x.double(), dim), torch.float32, f"{name} dim={dim}")
+    assert softmax(x.half(), dtype=torch.float32).dtype == torch.float32
+    base = torch.randn(64, 66, device=device)
+    for v in (base.t(), base[:, 1:65], base[::2], base[0:1].expand(5, 66)):
+        vg = v.detach().requires_grad_()
+        y = softmax(vg)
+        assert_close(y, torch.softmax(v.double(), -1), torch.float32, "layout")
+        dy = torch.randn_like(v)
+        (dx,) = torch.autograd.grad(y, [vg], dy)
+        xd = v.double().requires_grad_()
+        (dref,) = torch.autograd.grad(torch.softmax(xd, -1), [xd], dy.double())
+        assert_close(dx, dref, torch.float32, "layout dx")
+    assert softmax(torch.empty(0, 8, device=device)).shape == (0, 8)
+    assert_close(softmax(torch.tensor(2.0, device=device)), torch.tensor(1.0), torch.float32, "0-dim")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_masked_rows(device):
+    x = torch.randn(3, 40, device=device)
+    x[:, :5] = -math.inf
+    x[2] = -math.inf
+    for name, (ours, theirs) in FNS.items():
+        y, ref = ours(x), theirs(x.double(), -1)
+        assert torch.isnan(y[2]).all() and torch.isnan(ref[2]).all(), "a row of -inf is NaN, as PyTorch"
+        assert_close(y[:2], ref[:2], torch.float32, name)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_errors_name_the_argument(device):
+    with pytest.raises(RuntimeError, match=r"^softmax: x must be float64, float32, float16 or bfloat16, got Int"):
+        softmax(torch.ones(4, 8, dtype=torch.int32, device=device))
+    y = torch.randn(4, 8, device=device)
+    with pytest.raises(RuntimeError, match=r"^softmax: dy must have the shape of y"):
+        torch.ops.opsmith.softmax_bwd(torch.randn(4, 9, device=device), y, False)
+    with pytest.raises(RuntimeError, match=r"^softmax: dy must have y's dtype"):
+        torch.ops.opsmith.softmax_bwd(y.double(), y, False)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gradcheck(device):
+    x = torch.randn(3, 17, device=device, dtype=torch.float64, requires_grad=True)
+    for f in (softmax, log_softmax, softmax_pybind, log_softmax_pybind):
+        assert torch.autograd.gradcheck(lambda t: f(t, 0), (x,))
+        assert torch.autograd.gradcheck(f, (x,))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck(device):
+    x = torch.randn(4, 40, device=device, requires_grad=True)
+    for log in (False, True):
+        torch.library.opcheck(torch.ops.opsmith.softmax_fwd.default, (x, log))
+        torch.library.opcheck(torch.ops.opsmith.softmax_bwd.default,
+                              (torch.randn(4, 40, device=device), torch.softmax(x.detach(), -1), log))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_compile_fullgraph(device):
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("aot_eager" if device == "cpu" else "inductor")
+    f = lambda t: (softmax(t * 2.0, 1) * log_softmax(t, -1)).sum()  # noqa: E731
+    x = torch.randn(4, 8, 96, device=device, requires_grad=True)
+    y = torch.compile(f, backend=counter, fullgraph=True)(x)
+    (g,) = torch.autograd.grad(y, [x])
+    (g_eager,) = torch.autograd.grad(f(x), [x])
+    assert counter.frame_count == 1
+    torch.testing.assert_close(y, f(x))
+    torch.testing.assert_close(g, g_eager)
+    torch._dynamo.reset()
+
+
+@CUDA
+def test_cuda_graph_capture():
+    x = torch.randn(64, 4099, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn_like(x)
+    ref = softmax(x)
+    (gref,) = torch.autograd.grad(ref, [x], dy)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            torch.autograd.grad(softmax(x), [x], dy)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = softmax(x)
+        (gx,) = torch.autograd.grad(y, [x], dy)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y, ref) and torch.equal(gx, gref)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("device", DEVICES)
+def test_route_a_equals_route_b(device, dtype):
+    x = torch.randn(5, 77, device=device).to(dtype).requires_grad_()
+    dy = torch.randn(5, 77, device=device).to(dtype)
+    for a, b in ((softmax_pybind, softmax), (log_softmax_pybind, log_softmax)):
+        ya, yb = a(x), b(x)
+        assert torch.equal(ya, yb)
+        assert torch.equal(torch.autograd.grad(ya, [x], dy)[0], torch.autograd.grad(yb, [x], dy)[0])
+    assert opsmith.pybind.softmax is softmax_pybind and opsmith.pybind.log_softmax is log_softmax_pybind
+
+
+def test_autodiff_limits_and_transforms():
+    x = torch.randn(3, 10, dtype=torch.float64, requires_grad=True)
+    (dx,) = torch.autograd.grad((softmax(x) ** 2).sum(), [x], create_graph=True)
+    with pytest.raises(RuntimeError, match=r"^softmax: double backward is not supported"):
+        dx.sum().backward()
+    with pytest.raises(RuntimeError, match=r"^softmax: forward-mode AD is not supported"):
+        torch.func.jvp(softmax, (x.detach(),), (torch.ones_like(x),))
+    w = torch.randn(10, dtype=torch.float64)
+    g = torch.func.grad(lambda t: (log_softmax(t) * w).sum())(x.detach())
+    xd = x.detach().clone().requires_grad_()
+    (torch.log_softmax(xd, -1) * w).sum().backward()
+    torch.testing.assert_close(g, xd.grad)
+    xb = torch.randn(4, 3, 10, dtype=torch.float64)
+    torch.testing.assert_close(torch.func.vmap(softmax, in_dims=1)(xb), torch.softmax(xb, -1).movedim(1, 0))
+    with pytest.raises(RuntimeError, match=r"route A does not support torch\.func transforms"):
+        torch.func.grad(lambda t: softmax_pybind(t).sum())(x.detach())
+
+
+def test_modules():
+    x = torch.randn(2, 3, 9)
+    assert isinstance(opsmith.nn.Softmax(1), Softmax) and "dim=1" in repr(opsmith.nn.Softmax(1))
+    torch.testing.assert_close(opsmith.nn.Softmax(1)(x), torch.nn.Softmax(1)(x))
+    torch.testing.assert_close(opsmith.nn.LogSoftmax(-1)(x), torch.nn.LogSoftmax(-1)(x))
+    assert isinstance(opsmith.nn.LogSoftmax(), LogSoftmax)
+    assert dict(opsmith.nn.Softmax().state_dict()) == {}
