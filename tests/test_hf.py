@@ -92,6 +92,9 @@ def test_patched_instance_matches_float32(model_type, device, restore_modeling):
     assert patched_count(model) == layers * (norms_per_layer + 1) + 1
     assert isinstance(model.model.norm, hf._classes(model_type)[1])  # still the Hugging Face class
     assert model.state_dict().keys() == ref.state_dict().keys()
+    # rotary and the loss go through opsmith too (this build has both)
+    assert hf._classes(model_type)[0].apply_rotary_pos_emb is opsmith.apply_rotary_pos_emb
+    assert model.loss_function is hf.causal_lm_loss
     ids, labels = batch(model, device)
     logits_r, loss_r, grads_r = forward_backward(ref, ids, labels)
     logits, loss, grads = forward_backward(model, ids, labels)
