@@ -315,8 +315,12 @@ def test_cuda_graph_capture(dtype):
     x, t, w = make(64, 4099, dtype, "cuda")
     xg = x.clone().requires_grad_()
     kw = dict(label_smoothing=0.1, z_loss=1e-4, softcap=30.0)
-    ref = cross_entropy(xg, t, w, **kw)
-    (gref,) = torch.autograd.grad(ref * 2.0, [xg])
+    # the reference through another leaf: a leaf's gradient accumulator keeps
+    # the stream it was made on, and the captured backward must not feed one
+    # made on the default (legacy) stream
+    x_ref = x.clone().requires_grad_()
+    ref = cross_entropy(x_ref, t, w, **kw)
+    (gref,) = torch.autograd.grad(ref * 2.0, [x_ref])
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):

@@ -135,8 +135,12 @@ def test_compile_fullgraph(device):
 def test_cuda_graph_capture():
     x = torch.randn(64, 4099, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     dy = torch.randn_like(x)
-    ref = softmax(x)
-    (gref,) = torch.autograd.grad(ref, [x], dy)
+    # the reference through another leaf: a leaf's gradient accumulator keeps
+    # the stream it was made on, and the captured backward must not feed one
+    # made on the default (legacy) stream
+    x_ref = x.detach().clone().requires_grad_()
+    ref = softmax(x_ref)
+    (gref,) = torch.autograd.grad(ref, [x_ref], dy)
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):

@@ -203,6 +203,21 @@ _DOC_ROWS = (
 )
 
 
+class _LossLayer(torch.nn.Module):
+    """CrossEntropyLoss as one layer of a sequential model (the compile
+    training harness): each row's loss against a fixed target scales the
+    row, so the gradient flows through the loss and past it."""
+
+    def __init__(self, n):
+        super().__init__()
+        self.loss = CrossEntropyLoss(reduction="none", label_smoothing=LABEL_SMOOTHING, z_loss=Z_LOSS,
+                                     softcap=SOFTCAP)
+
+    def forward(self, x):
+        target = torch.arange(x.shape[0], device=x.device) % x.shape[-1]
+        return x * self.loss(x, target).unsqueeze(-1)
+
+
 SPEC = OpSpec(
     name="cross_entropy",
     make_inputs=_make_inputs,
@@ -227,8 +242,7 @@ SPEC = OpSpec(
     func_transforms_pybind=r"^opsmith\.pybind\.cross_entropy: route A does not support torch\.func transforms",
     # the loss grows with the logits (and the z-loss with their square)
     max_scale=1.0,
-    make_module=lambda n: CrossEntropyLoss(reduction="none", label_smoothing=LABEL_SMOOTHING, z_loss=Z_LOSS,
-                                           softcap=SOFTCAP),
+    make_module=lambda n: _LossLayer(n),
     hostile=_HOSTILE,
     doc_rows=_DOC_ROWS,
     bench=_BENCH,
