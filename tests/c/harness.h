@@ -8,6 +8,9 @@
 #include <math.h>
 #include <stdint.h>
 #include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "opsmith.h"
 
@@ -79,6 +82,40 @@ static inline double rng_value(test_rng *r)
 /* Test groups register themselves, so adding a test file needs no central
  * list: `HARNESS_GROUP(test_foo) { ...checks... }` defines the group and a
  * constructor that enrolls it before main runs every group in turn. */
+/* A host buffer between two guard zones: a kernel that writes past its
+ * tensor changes them (guarded_ok). The payload starts as `fill`
+ * (POISON_BYTE: NaN in every float format, so an unwritten element shows). */
+#define GUARD 64
+#define GUARD_BYTE 0x5A
+#define POISON_BYTE 0xFF
+
+typedef struct guarded_buf {
+    unsigned char *base; /* [GUARD][payload][GUARD] */
+    size_t bytes;
+} guarded_buf;
+
+static inline guarded_buf guarded_new(size_t bytes, unsigned char fill)
+{
+    guarded_buf b = {(unsigned char *)malloc(bytes + 2 * GUARD), bytes};
+    if (!b.base) {
+        fprintf(stderr, "out of host memory (%zu bytes)\n", bytes);
+        exit(2);
+    }
+    memset(b.base, GUARD_BYTE, bytes + 2 * GUARD);
+    memset(b.base + GUARD, fill, bytes);
+    return b;
+}
+
+static inline void *guarded_payload(const guarded_buf *b) { return b->base + GUARD; }
+
+static inline int guarded_ok(const guarded_buf *b)
+{
+    for (size_t i = 0; i < GUARD; i++)
+        if (b->base[i] != GUARD_BYTE || b->base[GUARD + b->bytes + i] != GUARD_BYTE)
+            return 0;
+    return 1;
+}
+
 typedef void (*harness_group_fn)(void);
 void harness_register(const char *name, harness_group_fn fn);
 

@@ -21,10 +21,6 @@
 #define TEST_CUDA 0
 #endif
 
-#define GUARD 64
-#define GUARD_BYTE 0x5A
-#define POISON_BYTE 0xFF
-
 typedef struct {
     opsmith_dtype dt;
     int64_t rows, n, pad; /* logits and dlogits row stride: n + pad */
@@ -34,34 +30,6 @@ typedef struct {
     double ls, z, cap;
     opsmith_cross_entropy_reduction red;
 } ce_case;
-
-typedef struct {
-    unsigned char *base; /* [GUARD][payload][GUARD] */
-    size_t bytes;
-} ce_buf;
-
-static ce_buf buf_new(size_t bytes, int poison)
-{
-    ce_buf b = {malloc(bytes + 2 * GUARD), bytes};
-    if (!b.base) {
-        fprintf(stderr, "out of host memory (%zu bytes)\n", bytes);
-        exit(2);
-    }
-    memset(b.base, GUARD_BYTE, bytes + 2 * GUARD);
-    if (poison)
-        memset(b.base + GUARD, POISON_BYTE, bytes);
-    return b;
-}
-
-static void *payload(const ce_buf *b) { return b->base + GUARD; }
-
-static int guards_ok(const ce_buf *b)
-{
-    for (size_t i = 0; i < GUARD; i++)
-        if (b->base[i] != GUARD_BYTE || b->base[GUARD + b->bytes + i] != GUARD_BYTE)
-            return 0;
-    return 1;
-}
 
 static double tol_of(opsmith_dtype dt)
 {
@@ -82,7 +50,7 @@ static const char *red_name(opsmith_cross_entropy_reduction r) { return r == 0 ?
 
 /* Compares the (rows, n) elements of a padded buffer with ref, relative to
  * max |ref| (gradients of a mean are small); the padding must stay poison. */
-static void check_grid(const ce_case *c, const char *what, const ce_buf *out, const double *ref)
+static void check_grid(const ce_case *c, const char *what, const guarded_buf *out, const double *ref)
 {
     const int64_t s = c->n + c->pad;
     const size_t es = opsmith_dtype_size(c->dt);
@@ -94,10 +62,10 @@ static void check_grid(const ce_case *c, const char *what, const ce_buf *out, co
             if (i >= c->n) {
                 if (r + 1 < c->rows)
                     for (size_t b = 0; b < es; b++)
-                        gaps &= ((unsigned char *)payload(out))[at * es + b] == POISON_BYTE;
+                        gaps &= ((unsigned char *)guarded_payload(out))[at * es + b] == POISON_BYTE;
                 continue;
             }
-            const double got = opsmith_load_as_double(c->dt, payload(out), at), want = ref[r * c->n + i];
+            const double got = opsmith_load_as_double(c->dt, guarded_payload(out), at), want = ref[r * c->n + i];
             if (isnan(got) != isnan(want))
                 written = 0;
             else if (!isnan(want))
@@ -107,7 +75,7 @@ static void check_grid(const ce_case *c, const char *what, const ce_buf *out, co
     CHECK(written, "%s: " CASE_FMT ": NaN where the reference has none (an element was not written?)", what, CASE_ARGS(c));
     CHECK(err <= tol_of(c->dt) * fmax(scale, 1e-300), "%s: " CASE_FMT ": max err %.3e > %.3e", what, CASE_ARGS(c), err,
           tol_of(c->dt) * scale);
-    CHECK(gaps && guards_ok(out), "%s: " CASE_FMT ": wrote outside the tensor", what, CASE_ARGS(c));
+    CHECK(gaps && guarded_ok(out), "%s: " CASE_FMT ": wrote outside the tensor", what, CASE_ARGS(c));
 }
 
 /* count values of dtype dt (or of the accumulate type: acc) against ref */
@@ -127,7 +95,7 @@ static void check_values(const ce_case *c, const char *what, const void *got, in
 }
 
 typedef struct {
-    ce_buf x;          /* logits, padded rows */
+    guarded_buf x;          /* logits, padded rows */
     int64_t *target;   /* rows, stride 2 (odd entries poison) */
     void *weight;      /* n, accumulate type, or NULL */
     double *xd, *wd, *loss_ref, *z_ref, *lse_ref, *dl_ref;
@@ -141,7 +109,7 @@ static void data_init(ce_data *d, const ce_case *c, test_rng *rng)
     const size_t es = opsmith_dtype_size(c->dt);
     const opsmith_dtype acc = opsmith_dtype_accumulate(c->dt);
     d->bytes = (size_t)(c->off + (c->rows ? (c->rows - 1) * s + c->n : 0)) * es + 16;
-    d->x = buf_new(d->bytes, 1);
+    d->x = guarded_new(d->bytes, POISON_BYTE);
     d->target = malloc(sizeof(int64_t) * (size_t)(2 * c->rows + 1));
     d->xd = malloc(sizeof(double) * (size_t)(count + 1));
     d->wd = malloc(sizeof(double) * (size_t)c->n);
@@ -155,8 +123,8 @@ static void data_init(ce_data *d, const ce_case *c, test_rng *rng)
         for (int64_t i = 0; i < c->n; i++) {
             const int64_t at = c->off + r * s + i;
             /* wide logits, so the softmax is far from uniform */
-            opsmith_store_from_double(c->dt, payload(&d->x), at, 3.0 * rng_value(rng));
-            d->xd[r * c->n + i] = opsmith_load_as_double(c->dt, payload(&d->x), at);
+            opsmith_store_from_double(c->dt, guarded_payload(&d->x), at, 3.0 * rng_value(rng));
+            d->xd[r * c->n + i] = opsmith_load_as_double(c->dt, guarded_payload(&d->x), at);
         }
     for (int64_t r = 0; r < c->rows; r++) {
         int64_t t = (int64_t)(rng_uniform(rng) * (double)c->n);
@@ -181,9 +149,9 @@ static void data_free(ce_data *d)
     free(d->loss_ref), free(d->z_ref), free(d->lse_ref), free(d->dl_ref);
 }
 
-static void *at_off(const ce_buf *b, const ce_case *c)
+static void *at_off(const guarded_buf *b, const ce_case *c)
 {
-    return (unsigned char *)payload(b) + (size_t)c->off * opsmith_dtype_size(c->dt);
+    return (unsigned char *)guarded_payload(b) + (size_t)c->off * opsmith_dtype_size(c->dt);
 }
 
 /* The launchers under test, CPU or CUDA, with host pointers: the CUDA
@@ -191,7 +159,7 @@ static void *at_off(const ce_buf *b, const ce_case *c)
  * back, so unwritten elements and stray writes show up exactly as on the CPU. */
 typedef opsmith_status (*fwd_fn)(const ce_case *c, const ce_data *d, const void *x, void *loss, void *z, void *lse,
                                  void *dl, int64_t *error);
-typedef opsmith_status (*bwd_fn)(const ce_case *c, const void *grad, int64_t gs, const ce_buf *dl, ce_buf *dx);
+typedef opsmith_status (*bwd_fn)(const ce_case *c, const void *grad, int64_t gs, const guarded_buf *dl, guarded_buf *dx);
 
 static opsmith_status fwd_cpu(const ce_case *c, const ce_data *d, const void *x, void *loss, void *z, void *lse,
                               void *dl, int64_t *error)
@@ -205,7 +173,7 @@ static opsmith_status fwd_cpu(const ce_case *c, const ce_data *d, const void *x,
     return st;
 }
 
-static opsmith_status bwd_cpu(const ce_case *c, const void *grad, int64_t gs, const ce_buf *dl, ce_buf *dx)
+static opsmith_status bwd_cpu(const ce_case *c, const void *grad, int64_t gs, const guarded_buf *dl, guarded_buf *dx)
 {
     const int64_t s = c->n + c->pad;
     return opsmith_cross_entropy_bwd_cpu(c->dt, c->rows, c->n, grad, gs, at_off(dl, c), s, at_off(dx, c), s);
@@ -263,7 +231,7 @@ static opsmith_status fwd_cuda(const ce_case *c, const ce_data *d, const void *x
     return st;
 }
 
-static opsmith_status bwd_cuda(const ce_case *c, const void *grad, int64_t gs, const ce_buf *dl, ce_buf *dx)
+static opsmith_status bwd_cuda(const ce_case *c, const void *grad, int64_t gs, const guarded_buf *dl, guarded_buf *dx)
 {
     const size_t es = opsmith_dtype_size(c->dt), lead = (size_t)c->off * es, bytes = dl->bytes + 2 * GUARD;
     const int64_t s = c->n + c->pad, gcount = gs ? c->rows : 1;
@@ -315,7 +283,7 @@ static void run(const char *be, fwd_fn fwd, bwd_fn bwd, const ce_case *c, const 
     const int64_t outs = c->red == OPSMITH_CROSS_ENTROPY_REDUCTION_NONE ? c->rows : 1, count = c->rows * c->n;
     void *loss = malloc(es * (size_t)(outs + 1)), *z = malloc(es * (size_t)(outs + 1));
     void *lse = malloc(as * (size_t)(c->rows + 1));
-    ce_buf dl = buf_new(d->bytes, 1), dx = buf_new(d->bytes, 1);
+    guarded_buf dl = guarded_new(d->bytes, POISON_BYTE), dx = guarded_new(d->bytes, POISON_BYTE);
     memset(loss, POISON_BYTE, es * (size_t)outs), memset(z, POISON_BYTE, es * (size_t)outs);
     memset(lse, POISON_BYTE, as * (size_t)c->rows);
     int64_t error[OPSMITH_CROSS_ENTROPY_ERROR_COUNT] = {0};
@@ -331,7 +299,7 @@ static void run(const char *be, fwd_fn fwd, bwd_fn bwd, const ce_case *c, const 
         CHECK(error[0] == 0, "%s: " CASE_FMT ": error flag set", what, CASE_ARGS(c));
     }
     /* in place: the gradient over a copy of the logits */
-    ce_buf xi = buf_new(d->bytes, 0);
+    guarded_buf xi = guarded_new(d->bytes, GUARD_BYTE);
     memcpy(xi.base, d->x.base, d->bytes + 2 * GUARD);
     memset(loss, POISON_BYTE, es * (size_t)outs);
     st = fwd(c, d, at_off(&xi, c), loss, NULL, NULL, at_off(&xi, c), NULL);
@@ -359,7 +327,7 @@ static void run(const char *be, fwd_fn fwd, bwd_fn bwd, const ce_case *c, const 
     }
     const int64_t s = c->n + c->pad;
     for (int64_t r = 0; r < c->rows; r++)
-        for (int64_t i = 0; i < c->n; i++) dlv[r * c->n + i] = opsmith_load_as_double(c->dt, payload(&dl), c->off + r * s + i);
+        for (int64_t i = 0; i < c->n; i++) dlv[r * c->n + i] = opsmith_load_as_double(c->dt, guarded_payload(&dl), c->off + r * s + i);
     opsmith_cross_entropy_bwd_reference(c->rows, c->n, gd, gs, dlv, dx_ref);
     st = bwd(c, grad, gs, &dl, &dx);
     snprintf(what, sizeof what, "%s bwd", be);

@@ -25,10 +25,6 @@
 #define TEST_CUDA 0
 #endif
 
-#define GUARD 64
-#define GUARD_BYTE 0x5A
-#define POISON_BYTE 0xFF
-
 enum { LAYOUT_BHSD, LAYOUT_BSHD, LAYOUT_FUSED, LAYOUT_PADDED, LAYOUT_COUNT };
 enum { CS_PER_ROW, CS_SHARED, CS_CACHE, CS_COUNT };
 static const char *const LAYOUT_NAMES[] = {"bhsd", "bshd", "fused-qkv", "padded-bhsd"};
@@ -40,30 +36,6 @@ typedef struct {
     int64_t B, S, Hq, Hk, D, R; /* Hk 0: no k */
     int layout, cs, off;        /* off: elements the views start past 16-byte alignment */
 } rcase;
-
-typedef struct {
-    unsigned char *base; /* [GUARD][payload][GUARD] */
-    size_t bytes;
-} rbuf;
-
-static rbuf buf_new(size_t bytes, unsigned char fill) {
-    rbuf b = {malloc(bytes + 2 * GUARD), bytes};
-    if (!b.base) {
-        fprintf(stderr, "out of host memory (%zu bytes)\n", bytes);
-        exit(2);
-    }
-    memset(b.base, GUARD_BYTE, bytes + 2 * GUARD);
-    memset(b.base + GUARD, fill, bytes);
-    return b;
-}
-
-static void *pl(const rbuf *b) { return b->base + GUARD; }
-
-static int guards_ok(const rbuf *b) {
-    for (size_t i = 0; i < GUARD; i++)
-        if (b->base[i] != GUARD_BYTE || b->base[GUARD + b->bytes + i] != GUARD_BYTE) return 0;
-    return 1;
-}
 
 static double tol_of(opsmith_dtype dt) {
     switch (dt) {
@@ -79,7 +51,7 @@ typedef struct {
     opsmith_rotary_params p;
     int64_t q_at, k_at, elems;   /* view offsets and buffer size in elements */
     int64_t cs_elems, max_pos;
-    rbuf x, cos, sin, pos;
+    guarded_buf x, cos, sin, pos;
     double *fwd_ref, *bwd_ref;   /* per view element, in (side, b, h, s, d) order */
     unsigned char *in_view;      /* 1 for every buffer element inside a view */
 } rdata;
@@ -90,7 +62,7 @@ static int64_t view_index(const opsmith_rotary_view *v, int64_t at, int64_t b, i
 
 static int64_t cs_row(const rdata *d, int64_t b, int64_t s) {
     if (d->p.cs_seq_stride == 0) return 0;
-    if (d->pos.base) return ((const int64_t *)pl(&d->pos))[b * d->p.pos_batch_stride + s * d->p.pos_seq_stride] *
+    if (d->pos.base) return ((const int64_t *)guarded_payload(&d->pos))[b * d->p.pos_batch_stride + s * d->p.pos_seq_stride] *
                             d->p.cs_seq_stride;
     return b * d->p.cs_batch_stride + s * d->p.cs_seq_stride;
 }
@@ -129,7 +101,7 @@ static void data_init(rdata *d, const rcase *c, test_rng *rng) {
     if (!Hk) p->k.heads = 0;
     p->q_out = p->q, p->k_out = p->k;
     const size_t es = opsmith_dtype_size(c->dt), cs_es = opsmith_dtype_size(c->cs_dt);
-    d->x = buf_new((size_t)d->elems * es, POISON_BYTE);
+    d->x = guarded_new((size_t)d->elems * es, POISON_BYTE);
     d->in_view = calloc((size_t)d->elems, 1);
     /* cos/sin */
     d->max_pos = S + 5;
@@ -137,16 +109,16 @@ static void data_init(rdata *d, const rcase *c, test_rng *rng) {
     p->cs_seq_stride = c->R + (c->cs == CS_CACHE ? 2 : 0); /* a padded cache row */
     p->cs_batch_stride = c->cs == CS_PER_ROW ? S * p->cs_seq_stride : 0;
     d->cs_elems = cs_rows * p->cs_seq_stride;
-    d->cos = buf_new((size_t)d->cs_elems * cs_es, 0), d->sin = buf_new((size_t)d->cs_elems * cs_es, 0);
+    d->cos = guarded_new((size_t)d->cs_elems * cs_es, 0), d->sin = guarded_new((size_t)d->cs_elems * cs_es, 0);
     for (int64_t i = 0; i < d->cs_elems; i++) { /* any values: the kernels must read each one as given */
-        opsmith_store_from_double(c->cs_dt, pl(&d->cos), i, rng_value(rng) / 2);
-        opsmith_store_from_double(c->cs_dt, pl(&d->sin), i, rng_value(rng) / 2);
+        opsmith_store_from_double(c->cs_dt, guarded_payload(&d->cos), i, rng_value(rng) / 2);
+        opsmith_store_from_double(c->cs_dt, guarded_payload(&d->sin), i, rng_value(rng) / 2);
     }
     if (c->cs == CS_CACHE) {
-        d->pos = buf_new((size_t)(B * S) * sizeof(int64_t), 0);
+        d->pos = guarded_new((size_t)(B * S) * sizeof(int64_t), 0);
         p->pos_batch_stride = S, p->pos_seq_stride = 1, p->max_pos = d->max_pos;
         for (int64_t i = 0; i < B * S; i++) /* per batch row: packed sequences restart anywhere */
-            ((int64_t *)pl(&d->pos))[i] = (int64_t)(rng_uniform(rng) * (double)d->max_pos);
+            ((int64_t *)guarded_payload(&d->pos))[i] = (int64_t)(rng_uniform(rng) * (double)d->max_pos);
     }
     /* inputs and references */
     const int64_t per = (B * (Hq + Hk) * S) * D;
@@ -166,12 +138,12 @@ static void data_init(rdata *d, const rcase *c, test_rng *rng) {
                 for (int64_t s = 0; s < S; s++) {
                     const int64_t row = cs_row(d, b, s);
                     for (int64_t j = 0; j < c->R; j++)
-                        cv[j] = opsmith_load_as_double(c->cs_dt, pl(&d->cos), row + j),
-                        sv[j] = opsmith_load_as_double(c->cs_dt, pl(&d->sin), row + j);
+                        cv[j] = opsmith_load_as_double(c->cs_dt, guarded_payload(&d->cos), row + j),
+                        sv[j] = opsmith_load_as_double(c->cs_dt, guarded_payload(&d->sin), row + j);
                     for (int64_t j = 0; j < D; j++) {
                         const int64_t e = view_index(v, at, b, h, s, j);
-                        opsmith_store_from_double(c->dt, pl(&d->x), e, rng_value(rng));
-                        xv[j] = opsmith_load_as_double(c->dt, pl(&d->x), e);
+                        opsmith_store_from_double(c->dt, guarded_payload(&d->x), e, rng_value(rng));
+                        xv[j] = opsmith_load_as_double(c->dt, guarded_payload(&d->x), e);
                         d->in_view[e] = 1;
                     }
                     opsmith_rotary_reference(c->style, 0, 1, D, c->R, xv, cv, sv, d->fwd_ref + n);
@@ -196,8 +168,8 @@ static void describe(char *out, size_t size, const rcase *c) {
 
 /* out against ref over the views; outside them out must equal `outside`
  * (the poison of a fresh buffer, or the input in place). */
-static void check_out(const rcase *c, const rdata *d, const char *what, const rbuf *out, const double *ref,
-                      const rbuf *outside) {
+static void check_out(const rcase *c, const rdata *d, const char *what, const guarded_buf *out, const double *ref,
+                      const guarded_buf *outside) {
     const opsmith_rotary_params *p = &d->p;
     double err = 0.0, scale = 1.0;
     int unwritten = 0;
@@ -209,7 +181,7 @@ static void check_out(const rcase *c, const rdata *d, const char *what, const rb
             for (int64_t h = 0; h < v->heads; h++)
                 for (int64_t s = 0; s < c->S; s++)
                     for (int64_t j = 0; j < c->D; j++, n++) {
-                        const double got = opsmith_load_as_double(c->dt, pl(out), view_index(v, at, b, h, s, j));
+                        const double got = opsmith_load_as_double(c->dt, guarded_payload(out), view_index(v, at, b, h, s, j));
                         if (isnan(got)) unwritten = 1;
                         err = fmax(err, fabs(got - ref[n]));
                         scale = fmax(scale, fabs(ref[n]));
@@ -220,13 +192,13 @@ static void check_out(const rcase *c, const rdata *d, const char *what, const rb
     for (int64_t e = 0; e < d->elems && !stray; e++)
         if (!d->in_view[e])
             for (size_t k = 0; k < es; k++)
-                stray |= ((unsigned char *)pl(out))[e * es + k] !=
-                         (outside ? ((unsigned char *)pl(outside))[e * es + k] : POISON_BYTE);
+                stray |= ((unsigned char *)guarded_payload(out))[e * es + k] !=
+                         (outside ? ((unsigned char *)guarded_payload(outside))[e * es + k] : POISON_BYTE);
     char name[256];
     describe(name, sizeof name, c);
     CHECK(!unwritten, "%s %s: an element was not written (NaN)", what, name);
     CHECK(err <= tol_of(c->dt) * scale, "%s %s: max err %.3e > %.3e", what, name, err, tol_of(c->dt) * scale);
-    CHECK(!stray && guards_ok(out), "%s %s: wrote outside the views", what, name);
+    CHECK(!stray && guarded_ok(out), "%s %s: wrote outside the views", what, name);
 }
 
 typedef opsmith_status (*cpu_fn)(const opsmith_rotary_params *, const void *, void *, const void *, void *,
@@ -239,13 +211,13 @@ static void run_cpu(const rcase *c, const rdata *d) {
     for (int dir = 0; dir < 2; dir++) {
         const double *ref = dir ? d->bwd_ref : d->fwd_ref;
         for (int inplace = 0; inplace < 2; inplace++) {
-            rbuf out = buf_new(d->x.bytes, POISON_BYTE);
+            guarded_buf out = guarded_new(d->x.bytes, POISON_BYTE);
             if (inplace) memcpy(out.base, d->x.base, d->x.bytes + 2 * GUARD);
-            const char *src = inplace ? pl(&out) : pl(&d->x);
-            char *dst = pl(&out);
+            const char *src = inplace ? guarded_payload(&out) : guarded_payload(&d->x);
+            char *dst = guarded_payload(&out);
             opsmith_status st = fns[dir](&d->p, src + d->q_at * es, dst + d->q_at * es,
                                          c->Hk ? src + d->k_at * es : NULL, c->Hk ? dst + d->k_at * es : NULL,
-                                         pl(&d->cos), pl(&d->sin), d->pos.base ? pl(&d->pos) : NULL);
+                                         guarded_payload(&d->cos), guarded_payload(&d->sin), d->pos.base ? guarded_payload(&d->pos) : NULL);
             if (CHECK(st == OPSMITH_STATUS_SUCCESS, "%s: %s (%s)", names[dir][inplace], opsmith_status_string(st),
                       opsmith_last_error()))
                 check_out(c, d, names[dir][inplace], &out, ref, inplace ? &d->x : NULL);
@@ -263,7 +235,7 @@ typedef opsmith_status (*cuda_fn)(const opsmith_rotary_params *, const void *, v
                                   const void *, const void *, const int64_t *, opsmith_cuda_stream);
 
 /* Whole buffers (poison and guards included) go to the device and back. */
-static void *upload(const rbuf *b) {
+static void *upload(const guarded_buf *b) {
     void *dev = NULL;
     if (!b->base) return NULL;
     if (!cuda_ok(cudaMalloc(&dev, b->bytes + 2 * GUARD), "malloc")) return NULL;
@@ -279,7 +251,7 @@ static void run_cuda(const rcase *c, const rdata *d) {
     for (int dir = 0; dir < 2 && dx; dir++) {
         const double *ref = dir ? d->bwd_ref : d->fwd_ref;
         for (int inplace = 0; inplace < 2; inplace++) {
-            rbuf out = buf_new(d->x.bytes, POISON_BYTE);
+            guarded_buf out = guarded_new(d->x.bytes, POISON_BYTE);
             if (inplace) memcpy(out.base, d->x.base, d->x.bytes + 2 * GUARD);
             unsigned char *dout = upload(&out);
             if (!dout) { free(out.base); continue; }

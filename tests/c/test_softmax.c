@@ -20,44 +20,12 @@
 #define TEST_CUDA 0
 #endif
 
-#define GUARD 64
-#define GUARD_BYTE 0x5A
-#define POISON_BYTE 0xFF
-
 typedef struct {
     opsmith_dtype dt;
     int64_t rows, n, pad; /* row stride of every tensor: n + pad */
     int off;              /* elements the tensors start past 16-byte alignment */
     int log; /* 0: softmax, 1: log_softmax */
 } softmax_case;
-
-typedef struct {
-    unsigned char *base; /* [GUARD][payload][GUARD] */
-    size_t bytes;
-} softmax_buf;
-
-static softmax_buf buf_new(size_t bytes, int poison)
-{
-    softmax_buf b = {malloc(bytes + 2 * GUARD), bytes};
-    if (!b.base) {
-        fprintf(stderr, "out of host memory (%zu bytes)\n", bytes);
-        exit(2);
-    }
-    memset(b.base, GUARD_BYTE, bytes + 2 * GUARD);
-    if (poison)
-        memset(b.base + GUARD, POISON_BYTE, bytes);
-    return b;
-}
-
-static void *payload(const softmax_buf *b) { return b->base + GUARD; }
-
-static int guards_ok(const softmax_buf *b)
-{
-    for (size_t i = 0; i < GUARD; i++)
-        if (b->base[i] != GUARD_BYTE || b->base[GUARD + b->bytes + i] != GUARD_BYTE)
-            return 0;
-    return 1;
-}
 
 static double tol_of(opsmith_dtype dt)
 {
@@ -71,7 +39,7 @@ static double tol_of(opsmith_dtype dt)
 
 /* Compares the (rows, n) elements of out (row stride s, starting `off`
  * elements in) with ref; the padding between rows must still be poison. */
-static void check_out(const softmax_case *c, const char *what, const char *be, const softmax_buf *out,
+static void check_out(const softmax_case *c, const char *what, const char *be, const guarded_buf *out,
                       const double *ref)
 {
     const int64_t s = c->n + c->pad;
@@ -84,10 +52,10 @@ static void check_out(const softmax_case *c, const char *what, const char *be, c
             if (i >= c->n) { /* padding between rows (the last row's ends the tensor) */
                 if (r + 1 < c->rows)
                     for (size_t b = 0; b < es; b++)
-                        gaps &= ((unsigned char *)payload(out))[at * es + b] == POISON_BYTE;
+                        gaps &= ((unsigned char *)guarded_payload(out))[at * es + b] == POISON_BYTE;
                 continue;
             }
-            const double got = opsmith_load_as_double(c->dt, payload(out), at), want = ref[r * c->n + i];
+            const double got = opsmith_load_as_double(c->dt, guarded_payload(out), at), want = ref[r * c->n + i];
             if (isnan(got)) untouched = 0;
             err = fmax(err, fabs(got - want));
             scale = fmax(scale, fabs(want));
@@ -97,14 +65,14 @@ static void check_out(const softmax_case *c, const char *what, const char *be, c
     CHECK(err <= tol_of(c->dt) * scale, "%s %s %s rows=%lld n=%lld pad=%lld off=%d: max err %.3e > %.3e", be, what,
           opsmith_dtype_name(c->dt), (long long)c->rows, (long long)c->n, (long long)c->pad, c->off, err,
           tol_of(c->dt) * scale);
-    CHECK(gaps && guards_ok(out), "%s %s %s rows=%lld n=%lld: wrote outside the tensor", be, what,
+    CHECK(gaps && guarded_ok(out), "%s %s %s rows=%lld n=%lld: wrote outside the tensor", be, what,
           opsmith_dtype_name(c->dt), (long long)c->rows, (long long)c->n);
 }
 
 /* The test's inputs: x and dy in the dtype (with padding left poison),
  * their rounded values in double, and the reference results. */
 typedef struct {
-    softmax_buf x, dy;
+    guarded_buf x, dy;
     double *xd, *dyd, *y_ref, *dx_ref;
     size_t bytes;
 } softmax_data;
@@ -114,7 +82,7 @@ static void data_init(softmax_data *d, const softmax_case *c, test_rng *rng)
     const int64_t s = c->n + c->pad, count = c->rows * c->n;
     const size_t es = opsmith_dtype_size(c->dt);
     d->bytes = (size_t)(c->off + (c->rows ? (c->rows - 1) * s + c->n : 0)) * es + 16;
-    d->x = buf_new(d->bytes, 1), d->dy = buf_new(d->bytes, 1);
+    d->x = guarded_new(d->bytes, POISON_BYTE), d->dy = guarded_new(d->bytes, POISON_BYTE);
     d->xd = malloc(sizeof(double) * (size_t)(count + 1)), d->dyd = malloc(sizeof(double) * (size_t)(count + 1));
     d->y_ref = malloc(sizeof(double) * (size_t)(count + 1)), d->dx_ref = malloc(sizeof(double) * (size_t)(count + 1));
     if (!d->xd || !d->dyd || !d->y_ref || !d->dx_ref) {
@@ -124,10 +92,10 @@ static void data_init(softmax_data *d, const softmax_case *c, test_rng *rng)
     for (int64_t r = 0; r < c->rows; r++)
         for (int64_t i = 0; i < c->n; i++) {
             const int64_t at = c->off + r * s + i;
-            opsmith_store_from_double(c->dt, payload(&d->x), at, rng_value(rng));
-            opsmith_store_from_double(c->dt, payload(&d->dy), at, rng_value(rng));
-            d->xd[r * c->n + i] = opsmith_load_as_double(c->dt, payload(&d->x), at);
-            d->dyd[r * c->n + i] = opsmith_load_as_double(c->dt, payload(&d->dy), at);
+            opsmith_store_from_double(c->dt, guarded_payload(&d->x), at, rng_value(rng));
+            opsmith_store_from_double(c->dt, guarded_payload(&d->dy), at, rng_value(rng));
+            d->xd[r * c->n + i] = opsmith_load_as_double(c->dt, guarded_payload(&d->x), at);
+            d->dyd[r * c->n + i] = opsmith_load_as_double(c->dt, guarded_payload(&d->dy), at);
         }
     opsmith_softmax_fwd_reference(c->rows, c->n, d->xd, c->log, d->y_ref);
     opsmith_softmax_bwd_reference(c->rows, c->n, d->dyd, d->xd, c->log, d->dx_ref);
@@ -138,15 +106,15 @@ static void data_free(softmax_data *d)
     free(d->x.base), free(d->dy.base), free(d->xd), free(d->dyd), free(d->y_ref), free(d->dx_ref);
 }
 
-static void *at_off(const softmax_buf *b, const softmax_case *c)
+static void *at_off(const guarded_buf *b, const softmax_case *c)
 {
-    return (unsigned char *)payload(b) + (size_t)c->off * opsmith_dtype_size(c->dt);
+    return (unsigned char *)guarded_payload(b) + (size_t)c->off * opsmith_dtype_size(c->dt);
 }
 
 static void run_cpu(const softmax_case *c, const softmax_data *d)
 {
     const int64_t s = c->n + c->pad;
-    softmax_buf y = buf_new(d->bytes, 1), dx = buf_new(d->bytes, 1);
+    guarded_buf y = guarded_new(d->bytes, POISON_BYTE), dx = guarded_new(d->bytes, POISON_BYTE);
     opsmith_status st = opsmith_softmax_fwd_cpu(c->dt, c->rows, c->n, at_off(&d->x, c), s, c->log, at_off(&y, c), s);
     if (CHECK(st == OPSMITH_STATUS_SUCCESS, "cpu fwd: %s (%s)", opsmith_status_string(st), opsmith_last_error()))
         check_out(c, "fwd", "cpu", &y, d->y_ref);
@@ -180,7 +148,7 @@ static void run_cuda(const softmax_case *c, const softmax_data *d)
     const int64_t s = c->n + c->pad;
     const size_t total = d->bytes + 2 * GUARD, lead = GUARD + (size_t)c->off * opsmith_dtype_size(c->dt);
     unsigned char *dev_x = NULL, *dev_dy = NULL, *dev_y = NULL, *dev_dx = NULL;
-    softmax_buf y = buf_new(d->bytes, 1), dx = buf_new(d->bytes, 1);
+    guarded_buf y = guarded_new(d->bytes, POISON_BYTE), dx = guarded_new(d->bytes, POISON_BYTE);
     if (cuda_ok(cudaMalloc((void **)&dev_x, total), "malloc") && cuda_ok(cudaMalloc((void **)&dev_dy, total), "malloc") &&
         cuda_ok(cudaMalloc((void **)&dev_y, total), "malloc") && cuda_ok(cudaMalloc((void **)&dev_dx, total), "malloc") &&
         cuda_ok(cudaMemcpy(dev_x, d->x.base, total, cudaMemcpyHostToDevice), "upload") &&
