@@ -30,20 +30,27 @@ LLAMA_3_2_1B = dict(
     tie_word_embeddings=True, hidden_act="silu", attention_bias=False, mlp_bias=False)
 
 
-def one(config: str, batch: int, seq: int, steps: int, warmup: int) -> dict:
+# a few-layer stand-in for the smoke test on a machine without a GPU
+TINY = dict(LLAMA_3_2_1B, vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+
+
+def one(config: str, batch: int, seq: int, steps: int, warmup: int, device: str = "cuda",
+        tiny: bool = False) -> dict:
     """Runs in a child process: build, patch, train `warmup + steps` steps."""
     import torch
     import transformers
     torch.manual_seed(0)
-    device = torch.device("cuda")
-    optimizer_name = "torch AdamW (fused)"
+    device = torch.device(device)
+    cuda = device.type == "cuda"
+    optimizer_name = "torch AdamW (fused)" if cuda else "torch AdamW"
     if config.startswith("liger"):
         from liger_kernel.transformers import apply_liger_kernel_to_llama
         apply_liger_kernel_to_llama()
     if config.startswith("opsmith"):
         import opsmith.hf
         opsmith.hf.patch_llama()
-    cfg = transformers.LlamaConfig(**LLAMA_3_2_1B)
+    cfg = transformers.LlamaConfig(**(TINY if tiny else LLAMA_3_2_1B))
     cfg._attn_implementation = "sdpa"
     model = transformers.LlamaForCausalLM(cfg).to(device=device, dtype=torch.bfloat16)
     model.train()
@@ -56,9 +63,9 @@ def one(config: str, batch: int, seq: int, steps: int, warmup: int) -> dict:
         except ImportError:
             pass
     if opt is None:
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=cuda)
     step_model = torch.compile(model) if config.endswith("compile") else model
-    g = torch.Generator(device=device).manual_seed(1)
+    g = torch.Generator(device=device).manual_seed(1)  # the same tokens for every configuration
     ids = torch.randint(0, cfg.vocab_size, (batch, seq), device=device, generator=g)
 
     def step():
@@ -70,19 +77,20 @@ def one(config: str, batch: int, seq: int, steps: int, warmup: int) -> dict:
 
     for _ in range(warmup):
         loss = step()
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
     for _ in range(steps):
         loss = step()
-    end.record()
-    end.synchronize()
-    ms = start.elapsed_time(end) / steps
+    if cuda:
+        torch.cuda.synchronize()
+    ms = (time.perf_counter() - t0) * 1e3 / steps
     return {"config": config, "batch": batch, "seq": seq, "ms_per_step": ms,
-            "tokens_per_s": batch * seq / (ms / 1e3), "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
+            "tokens_per_s": batch * seq / (ms / 1e3),
+            "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else float("nan"),
             "loss": loss.item(), "optimizer": optimizer_name, "transformers": transformers.__version__,
-            "torch": torch.__version__, "gpu": torch.cuda.get_device_name()}
+            "torch": torch.__version__, "gpu": torch.cuda.get_device_name() if cuda else "cpu"}
 
 
 def _child(config, batch, seq, steps, warmup, timeout):
@@ -190,9 +198,11 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--max-batch", action="store_true")
     p.add_argument("--out", default=os.path.join("bench", "results", "latest-e2e"))
+    p.add_argument("--device", default="cuda", help="with --one: cpu for the smoke test")
+    p.add_argument("--tiny", action="store_true", help="with --one: a 2-layer stand-in (smoke test)")
     args = p.parse_args(argv)
     if args.one:
-        print(json.dumps(one(args.one, args.batch, args.seq, args.steps, args.warmup)))
+        print(json.dumps(one(args.one, args.batch, args.seq, args.steps, args.warmup, args.device, args.tiny)))
         return 0
     return run(args.out, args.configs, args.batch, args.seq, args.steps, args.warmup, args.max_batch)
 

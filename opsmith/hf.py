@@ -106,7 +106,10 @@ def causal_lm_loss(logits, labels, vocab_size: int, num_items_in_batch=None, ign
                    shift_labels=None, **kwargs):
     """Hugging Face's ForCausalLMLoss through opsmith.cross_entropy: the same
     shift, flatten, ignore_index and num_items_in_batch handling, without the
-    float32 copy of the logits (the kernel computes in float32)."""
+    float32 copy of the logits (the kernel computes in float32). The loss is
+    computed in float32 and returned in the logits' dtype, as
+    F.cross_entropy gives on those logits (Hugging Face's own path upcasts
+    the logits first, so its bf16 models report a float32 loss)."""
     if shift_labels is None:
         labels = torch.nn.functional.pad(labels, (0, 1), value=ignore_index)
         shift_labels = labels[..., 1:]

@@ -1,5 +1,6 @@
 """The benchmark suite's bookkeeping, which runs without a GPU: the sweep,
 the tables made from results, the README section generated from them."""
+import os
 import json
 
 import pytest
@@ -99,3 +100,26 @@ def test_readme_takes_one_table_per_results_dir(tmp_path):
     assert "old" not in text and "65536x512" in text and "1024x512" in text
     assert text.index(dirs[0]) < text.index(dirs[1])
     assert text.count(bench.README_BEGIN) == 1 and text.count(bench.README_END) == 1
+
+
+def test_e2e_training_step_runs_each_way_on_a_tiny_model():
+    """The end-to-end benchmark's child process (one configuration, one
+    training step) on a 2-layer stand-in on the CPU: Hugging Face as it is
+    and opsmith-patched give a JSON line with a finite loss, the same start."""
+    import json
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = {}
+    for config in ("hf_eager", "opsmith"):
+        p = subprocess.run([sys.executable, "-m", "opsmith.e2e_bench", "--one", config, "--device", "cpu", "--tiny",
+                            "--batch", "2", "--seq", "32", "--steps", "1", "--warmup", "1"],
+                           capture_output=True, text=True, env=env, timeout=300)
+        assert p.returncode == 0, p.stderr[-2000:]
+        out[config] = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out["opsmith"]["optimizer"] == "opsmith AdamW" and out["hf_eager"]["optimizer"] == "torch AdamW"
+    for r in out.values():
+        assert r["tokens_per_s"] > 0 and r["loss"] == r["loss"]
+    # one optimizer step in: bf16 models, the same data; the losses agree to bf16
+    assert abs(out["opsmith"]["loss"] - out["hf_eager"]["loss"]) < 0.05 * out["hf_eager"]["loss"]
