@@ -87,7 +87,9 @@ def test_demo_trains_both_models_and_writes_its_outputs(tmp_path):
     import json
     result = json.loads((tmp_path / "demo.json").read_text())
     ours, theirs = result["runs"]["opsmith"]["losses"], result["runs"]["torch"]["losses"]
-    assert len(ours) == len(theirs) >= 2 and ours[0] == theirs[0]  # the same start
+    # the same start: one function, rounding apart (opsmith's kernels sum in their own order)
+    assert len(ours) == len(theirs) >= 2 and ours[0][0] == theirs[0][0]
+    assert abs(ours[0][1] - theirs[0][1]) <= 1e-4 * abs(theirs[0][1])
     assert result["max_loss_diff"] <= result["tolerance"]
     assert (tmp_path / "loss_curves.png").stat().st_size > 1000
 
