@@ -63,7 +63,10 @@ def test_matches_torch_100_steps(device, amsgrad, maximize, weight_decay):
     kw = dict(lr=1e-2, betas=(0.9, 0.99), eps=1e-8, weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize)
     ours, theirs = AdamW(pa, **kw), torch.optim.AdamW(pb, **kw)
     run_pair(ours, theirs, pa, pb, 100)
-    assert_close_params(pa, pb)
+    # CPU: a few float32 ulps apart after 100 steps (4.8e-7 seen); CUDA: torch's
+    # foreach kernels contract into FMAs differently, so a little more room
+    tol = 2e-6 if device == "cpu" else 1e-5
+    assert_close_params(pa, pb, rtol=tol, atol=tol)
     for a, b in zip(pa, pb):
         sa, sb = ours.state[a], theirs.state[b]
         assert float(sa["step"]) == float(sb["step"]) == 100.0
@@ -361,14 +364,22 @@ def test_compiled_step_fullgraph():
 def test_cuda_matches_cpu_every_dtype(pdt, gdt, master):
     cpu = _functional_inputs("cpu", pdt=pdt, gdt=gdt, seed=4)
     dev = [[t.cuda() for t in lst] for lst in cpu]
+    masters = []
     for (ps, gs, ms, vs, xs, steps) in (cpu, dev):
         ws = [p.float() for p in ps] if master else None
+        masters.append(ws)
         n, c = opsmith.adamw_grad_norm(gs, 2.0)
         opsmith.adamw_step(ps, gs, ms, vs, steps, lr=1e-2, weight_decay=0.1, amsgrad=True, max_exp_avg_sqs=xs,
                            master_params=ws, clip_coef=c)
-    tol = dict(rtol=1e-5, atol=1e-6) if pdt == torch.float32 or master else dict(rtol=1e-2, atol=1e-2)
+    # float32 results agree to float32 rounding; a 16-bit param to its own
+    # rounding (an ulp of float32 apart can round to neighbouring bf16 values)
+    tol = dict(rtol=1e-5, atol=1e-6) if pdt == torch.float32 else dict(rtol=1e-2, atol=1e-2)
     for a, b in zip(cpu[0], dev[0]):
         torch.testing.assert_close(b.cpu().float(), a.float(), **tol)
+    if master:
+        for a, b, w in zip(masters[0], masters[1], dev[0]):
+            torch.testing.assert_close(b.cpu(), a, rtol=1e-5, atol=1e-6)
+            assert torch.equal(w, b.to(pdt)), "params are the rounded masters"
     for a, b in zip(cpu[2] + cpu[3] + cpu[4], dev[2] + dev[3] + dev[4]):
         torch.testing.assert_close(b.cpu(), a, rtol=1e-5, atol=1e-7)
 
@@ -396,8 +407,8 @@ def test_cuda_misaligned_views_and_many_tensors():
 
 
 @needs_cuda
-def test_cuda_tensor_larger_than_one_launch():
-    # 2400 chunks of 65536: more blocks than one launch's table holds
+def test_cuda_tensor_of_2400_chunks():
+    # 157M elements in one tensor: 2400 blocks of one launch, 64-bit offsets
     n = 2400 * 65536 + 17
     p = torch.randn(n, device="cuda")
     q = p.clone()
