@@ -46,7 +46,11 @@ def run_pair(ours, theirs, pa, pb, steps, skip=(), clip=None, grad_dtype=None):
         theirs.step()
 
 
-def assert_close_params(pa, pb, rtol=2e-6, atol=2e-6):
+def assert_close_params(pa, pb, rtol=None, atol=None):
+    # CUDA: torch's kernels contract into FMAs where opsmith's may not
+    default = 2e-6 if pa[0].device.type == "cpu" else 1e-5
+    rtol = default if rtol is None else rtol
+    atol = default if atol is None else atol
     for a, b in zip(pa, pb):
         torch.testing.assert_close(a.detach().cpu(), b.detach().cpu(), rtol=rtol, atol=atol)
 
