@@ -169,7 +169,12 @@ class AdamW(torch.optim.Optimizer):
         saved = state_dict["state"]
         ids = [i for g in state_dict["param_groups"] for i in g["params"]]
         params = [p for g in self.param_groups for p in g["params"]]
+        # a torch.optim.AdamW checkpoint has no master_weights: keep this optimizer's
+        ours = [{k: g[k] for k in ("master_weights",) if k not in saved_g}
+                for g, saved_g in zip(self.param_groups, state_dict["param_groups"])]
         super().load_state_dict(state_dict)
+        for g, keep in zip(self.param_groups, ours):
+            g.update(keep)
         for i, p in zip(ids, params):
             if i not in saved:
                 continue

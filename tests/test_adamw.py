@@ -243,6 +243,24 @@ def test_non_contiguous_params(device):
     assert pa[0].stride() == (1, 5)
 
 
+def test_torch_checkpoint_into_master_weights():
+    # torch's checkpoint of bf16 params (bf16 state, no masters) into master mode:
+    # the state becomes float32 and the masters start from the params
+    p = make_params([(33,), (4, 5)], "cpu", dtype=torch.bfloat16)
+    t = torch.optim.AdamW(p, lr=1e-3)
+    set_grads(p, 0)
+    t.step()
+    q = clone_params(p)
+    o = AdamW(q, lr=1e-3, master_weights=True)
+    o.load_state_dict(copy.deepcopy(t.state_dict()))
+    assert o.param_groups[0]["master_weights"] is True
+    st = o.state[q[0]]
+    assert st["exp_avg"].dtype == torch.float32 and torch.equal(st["master_param"], q[0].detach().float())
+    set_grads(q, 1)
+    o.step()
+    assert torch.equal(q[0].detach(), o.state[q[0]]["master_param"].bfloat16())
+
+
 def test_refusals():
     q = torch.nn.Parameter(torch.randn(3, dtype=torch.float64))
     q.grad = torch.randn(3, dtype=torch.float64)
