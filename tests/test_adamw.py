@@ -98,6 +98,25 @@ def test_param_groups_and_missing_grads(device):
     assert ours.param_groups[0].keys() >= theirs.param_groups[0].keys()
 
 
+def test_grads_appearing_and_vanishing_between_steps():
+    # the per-group lists are reused between steps: they must follow which
+    # params have grads, a group added, a state loaded
+    pa = make_params(SHAPES, "cpu")
+    pb = clone_params(pa)
+    ours, theirs = AdamW(pa[:4], lr=1e-2), torch.optim.AdamW(pb[:4], lr=1e-2)
+    for s, skip in enumerate([(), (1,), (1,), (0, 2), (), (3,)]):
+        set_grads(pa, s, skip=skip), set_grads(pb, s, skip=skip)
+        if s == 2:
+            ours.param_groups[0]["maximize"] = theirs.param_groups[0]["maximize"] = True
+        if s == 4:
+            ours.add_param_group({"params": pa[4:], "lr": 3e-3})
+            theirs.add_param_group({"params": pb[4:], "lr": 3e-3})
+        if s == 5:
+            ours.load_state_dict(copy.deepcopy(ours.state_dict()))
+        ours.step(), theirs.step()
+    assert_close_params(pa, pb)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_lr_as_tensor_and_scheduler(device):
     pa = make_params(SHAPES, device)
