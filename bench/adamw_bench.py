@@ -6,7 +6,10 @@ torch.nn.utils.clip_grad_norm_ before the step).
 Two parameter sets: a Llama-like one (~490M float32 params in 300 tensors:
 embedding, lm_head, 33 layers of q/k/v/o, gate/up/down and two norms) and
 ~8000 small tensors of mixed sizes (log-uniform, 1 to 128K elements).
-Reported: median ms (triton do_bench), GB/s over the minimal bytes (float32:
+Reported: median ms (triton do_bench) of the eager step (host time
+included: thousands of tensors cost Python time per step in every
+provider) and of the step replayed from a CUDA graph (device time alone;
+torch's optimizers built with capturable=True there), GB/s over the minimal bytes (float32:
 read p, g, m, v and write p, m, v = 28 B a param; bf16 params with float32
 masters: read g (2), master, m, v; write p (2), master, m, v = 28 B), and
 that as a fraction of the device-to-device copy bandwidth measured in the
@@ -55,16 +58,17 @@ def make(shapes, dtype, device="cuda"):
 
 
 def providers(mode):
-    """name -> (make optimizer from params, step function)."""
+    """name -> build(params, graph) -> (optimizer, step function)."""
     def ours(clip, master=False):
-        def build(params):
+        def build(params, graph):
             opt = AdamW(params, lr=1e-4, master_weights=master, max_grad_norm=MAX_NORM if clip else None)
             return opt, opt.step
         return build
 
     def torch_opt(clip, **kw):
-        def build(params):
-            opt = torch.optim.AdamW(params, lr=1e-4, **kw)
+        def build(params, graph):
+            args = dict(kw, capturable=True) if graph else kw
+            opt = torch.optim.AdamW(params, lr=torch.tensor(1e-4, device="cuda") if graph else 1e-4, **args)
             if not clip:
                 return opt, opt.step
 
@@ -98,17 +102,37 @@ def main(argv=None):
         for mode, dtype in (("fp32", torch.float32), ("bf16_master", torch.bfloat16)):
             for name, build in providers(mode).items():
                 params = make(shapes, dtype)
-                opt, step = build(params)
+                opt, step = build(params, False)
                 step()  # state made outside the timing
                 torch.cuda.synchronize()
-                ms = _do_bench(step)
+                eager_ms = _do_bench(step)
+                del opt, step
+                graph_ms = None
+                try:
+                    opt, step = build(params, True)
+                    side = torch.cuda.Stream()
+                    side.wait_stream(torch.cuda.current_stream())
+                    with torch.cuda.stream(side):
+                        for _ in range(3):  # state and lazy initialisation outside the graph
+                            step()
+                    torch.cuda.current_stream().wait_stream(side)
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph):
+                        step()
+                    graph_ms = _do_bench(graph.replay)
+                    del graph, opt, step
+                except Exception as e:  # a provider that cannot be captured: eager time only
+                    print(f"  {name}: no CUDA graph ({type(e).__name__}: {str(e)[:120]})")
+                ms = graph_ms if graph_ms is not None else eager_ms
                 gbs = BYTES_PER_PARAM * n_params / (ms * 1e-3) / 1e9
                 row = {"set": set_name, "tensors": len(shapes), "params": n_params, "mode": mode,
-                       "provider": name, "ms": round(ms, 4), "gbs": round(gbs, 1),
+                       "provider": name, "ms": round(ms, 4), "eager_ms": round(eager_ms, 4),
+                       "graph_ms": None if graph_ms is None else round(graph_ms, 4), "gbs": round(gbs, 1),
                        "fraction_of_copy": round(gbs / copy, 3)}
                 rows.append(row)
-                print(f"{set_name:16s} {mode:12s} {name:20s} {ms:9.3f} ms {gbs:7.0f} GB/s {gbs / copy:5.2f}")
-                del opt, step, params
+                print(f"{set_name:16s} {mode:12s} {name:20s} graph {ms:9.3f} ms {gbs:7.0f} GB/s "
+                      f"{gbs / copy:5.2f}   eager {eager_ms:9.3f} ms")
+                del params
                 torch.cuda.empty_cache()
     # clipping's cost: step+clip over step, per set/mode/family
     for r in rows:
@@ -120,12 +144,14 @@ def main(argv=None):
             "date": datetime.date.today().isoformat(), "copy_bandwidth_gbs": round(copy, 1),
             "bytes_per_param": BYTES_PER_PARAM, "quick": args.quick}
     table = [f"{meta['gpu']}, torch {meta['torch']}, CUDA {meta['cuda']}, {meta['date']}; copy bandwidth "
-             f"{meta['copy_bandwidth_gbs']} GB/s; 28 B/param minimal.", "",
-             "| set | tensors | params | mode | provider | ms | GB/s | of copy | +clip / step |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             f"{meta['copy_bandwidth_gbs']} GB/s; 28 B/param minimal. ms: CUDA-graph replay (eager where a "
+             f"provider cannot be captured); GB/s and fraction of copy from it.", "",
+             "| set | tensors | params | mode | provider | ms | GB/s | of copy | +clip / step | eager ms |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         table.append(f"| {r['set']} | {r['tensors']} | {r['params'] / 1e6:.0f}M | {r['mode']} | {r['provider']} | "
-                     f"{r['ms']:.3f} | {r['gbs']:.0f} | {r['fraction_of_copy']:.2f} | {r.get('clip_over_step', '')} |")
+                     f"{r['ms']:.3f} | {r['gbs']:.0f} | {r['fraction_of_copy']:.2f} | {r.get('clip_over_step', '')} | "
+                     f"{r['eager_ms']:.3f} |")
     print("\n".join(table))
     if args.out:
         os.makedirs(args.out, exist_ok=True)

@@ -62,6 +62,9 @@ class AdamW(torch.optim.Optimizer):
         super().__init__(params, defaults)
         self.max_grad_norm = max_grad_norm
         self.last_grad_norm: Optional[Tensor] = None
+        # per group: the lists of the last step's buckets (see _buckets)
+        self._bucket_cache: Dict[int, Any] = {}
+        self._state_version = 0
 
     def __setstate__(self, state):
         super().__setstate__(state)
@@ -71,6 +74,8 @@ class AdamW(torch.optim.Optimizer):
             group.setdefault("master_weights", False)
         self.__dict__.setdefault("max_grad_norm", None)
         self.__dict__.setdefault("last_grad_norm", None)
+        self.__dict__["_bucket_cache"] = {}
+        self.__dict__["_state_version"] = self.__dict__.get("_state_version", 0) + 1
 
     def _init_state(self, p: Tensor, group) -> Dict[str, Any]:
         state = self.state[p]
@@ -93,21 +98,18 @@ class AdamW(torch.optim.Optimizer):
         if p.dtype not in (torch.float32, torch.bfloat16, torch.float16):
             raise RuntimeError(f"opsmith.optim.AdamW: params must be float32, bfloat16 or float16, got {p.dtype}")
 
-    def _clip_coef(self) -> Optional[Tensor]:
+    def _clip_coef(self, plans) -> Optional[Tensor]:
         """The fused global norm over every grad of every group (one launch
         per device and grad dtype), kept in last_grad_norm; the clip
         coefficient as a device tensor."""
         if self.max_grad_norm is None:
             return None
-        buckets: Dict[Any, List[Tensor]] = {}
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is not None:
-                    g = p.grad
-                    buckets.setdefault((g.device, g.dtype), []).append(g if g.is_contiguous() else g.contiguous())
-        if not buckets:
+        by: Dict[Any, List[Tensor]] = {}
+        for _, b, grads in plans:
+            by.setdefault((b["device"], b["grad_dtype"]), []).extend(grads)
+        if not by:
             return None
-        parts = [adamw_grad_norm(gs, self.max_grad_norm) for gs in buckets.values()]
+        parts = [adamw_grad_norm(gs, self.max_grad_norm) for gs in by.values()]
         if len(parts) == 1:
             self.last_grad_norm, coef = parts[0]
             return coef
@@ -117,48 +119,73 @@ class AdamW(torch.optim.Optimizer):
         self.last_grad_norm = norm
         return torch.clamp(self.max_grad_norm / (norm + 1e-6), max=1.0)
 
+    def _buckets(self, gi: int, group) -> List[Dict[str, Any]]:
+        """The group's params with grads, split by (device, param dtype, grad
+        dtype, master or not), with their state lists. Built (state made,
+        params checked) when the group's set of params with grads or its
+        options change, else reused: a step over thousands of tensors then
+        costs two list comprehensions of host time, not a loop of lookups."""
+        params = group["params"]
+        has_grad = [p.grad is not None for p in params]
+        key = (has_grad, group["amsgrad"], group["master_weights"], self._state_version)
+        cached = self._bucket_cache.get(gi)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        by_key: Dict[Any, Dict[str, Any]] = {}
+        for p, g in zip(params, has_grad):
+            if not g:
+                continue
+            self._check_param(p)
+            state = self._init_state(p, group)
+            master = state.get("master_param") if group["master_weights"] else None
+            b = by_key.setdefault((p.device, p.dtype, p.grad.dtype, master is not None),
+                                  {"p": [], "m": [], "v": [], "x": [], "w": [], "s": []})
+            b["p"].append(p)
+            b["m"].append(state["exp_avg"])
+            b["v"].append(state["exp_avg_sq"])
+            if group["amsgrad"]:
+                b["x"].append(state["max_exp_avg_sq"])
+            if master is not None:
+                b["w"].append(master)
+            b["s"].append(state["step"])
+        buckets = []
+        for (device, _, grad_dtype, has_master), b in by_key.items():
+            b["device"], b["grad_dtype"], b["has_master"] = device, grad_dtype, has_master
+            buckets.append(b)
+        self._bucket_cache[gi] = (key, buckets)
+        return buckets
+
     @torch.no_grad()
     def step(self, closure=None):
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        coef = self._clip_coef()
-        for group in self.param_groups:
+        plans = [(group, b, [p.grad for p in b["p"]])
+                 for gi, group in enumerate(self.param_groups) for b in self._buckets(gi, group)]
+        coef = self._clip_coef(plans)
+        for group, b, grads in plans:
             beta1, beta2 = group["betas"]
-            # one call per (device, param dtype, grad dtype, master or not)
-            buckets: Dict[Any, Dict[str, List[Tensor]]] = {}
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                self._check_param(p)
-                state = self._init_state(p, group)
-                g = p.grad if p.grad.is_contiguous() else p.grad.contiguous()
-                master = state.get("master_param") if group["master_weights"] else None
-                b = buckets.setdefault((p.device, p.dtype, g.dtype, master is not None),
-                                       {"p": [], "g": [], "m": [], "v": [], "x": [], "w": [], "s": []})
-                b["p"].append(p)
-                b["g"].append(g)
-                b["m"].append(state["exp_avg"])
-                b["v"].append(state["exp_avg_sq"])
-                if group["amsgrad"]:
-                    b["x"].append(state["max_exp_avg_sq"])
-                if master is not None:
-                    b["w"].append(master)
-                b["s"].append(state["step"])
-            for (device, _, _, has_master), b in buckets.items():
-                torch._foreach_add_(b["s"], 1.0)
-                lr = group["lr"]
-                if isinstance(lr, Tensor) and (lr.device != device or lr.dtype != torch.float32):
-                    lr = lr.to(device=device, dtype=torch.float32)
-                c = coef
-                if c is not None and c.device != device:
-                    c = c.to(device)
-                adamw_step(b["p"], b["g"], b["m"], b["v"], b["s"], lr=lr, beta1=beta1, beta2=beta2,
-                           eps=group["eps"], weight_decay=group["weight_decay"], amsgrad=group["amsgrad"],
-                           maximize=group["maximize"], max_exp_avg_sqs=b["x"] if group["amsgrad"] else None,
-                           master_params=b["w"] if has_master else None, clip_coef=c)
+            device = b["device"]
+            torch._foreach_add_(b["s"], 1.0)
+            lr = group["lr"]
+            if isinstance(lr, Tensor) and (lr.device != device or lr.dtype != torch.float32):
+                lr = lr.to(device=device, dtype=torch.float32)
+            c = coef
+            if c is not None and c.device != device:
+                c = c.to(device)
+            # non-contiguous grads: the bridge reads them through contiguous copies
+            adamw_step(b["p"], grads, b["m"], b["v"], b["s"], lr=lr, beta1=beta1,
+                       beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"],
+                       amsgrad=group["amsgrad"], maximize=group["maximize"],
+                       max_exp_avg_sqs=b["x"] if group["amsgrad"] else None,
+                       master_params=b["w"] if b["has_master"] else None, clip_coef=c)
         return loss
+
+    def add_param_group(self, param_group) -> None:
+        super().add_param_group(param_group)
+        self.__dict__.setdefault("_bucket_cache", {})
+        self.__dict__["_state_version"] = self.__dict__.get("_state_version", 0) + 1
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         """Loads a state_dict of this class or of torch.optim.AdamW: the
@@ -169,7 +196,12 @@ class AdamW(torch.optim.Optimizer):
         saved = state_dict["state"]
         ids = [i for g in state_dict["param_groups"] for i in g["params"]]
         params = [p for g in self.param_groups for p in g["params"]]
+        # a torch.optim.AdamW checkpoint has no master_weights: keep this optimizer's
+        ours = [{k: g[k] for k in ("master_weights",) if k not in saved_g}
+                for g, saved_g in zip(self.param_groups, state_dict["param_groups"])]
         super().load_state_dict(state_dict)
+        for g, keep in zip(self.param_groups, ours):
+            g.update(keep)
         for i, p in zip(ids, params):
             if i not in saved:
                 continue

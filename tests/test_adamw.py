@@ -46,7 +46,11 @@ def run_pair(ours, theirs, pa, pb, steps, skip=(), clip=None, grad_dtype=None):
         theirs.step()
 
 
-def assert_close_params(pa, pb, rtol=2e-6, atol=2e-6):
+def assert_close_params(pa, pb, rtol=None, atol=None):
+    # CUDA: torch's kernels contract into FMAs where opsmith's may not
+    default = 2e-6 if pa[0].device.type == "cpu" else 1e-5
+    rtol = default if rtol is None else rtol
+    atol = default if atol is None else atol
     for a, b in zip(pa, pb):
         torch.testing.assert_close(a.detach().cpu(), b.detach().cpu(), rtol=rtol, atol=atol)
 
@@ -63,7 +67,10 @@ def test_matches_torch_100_steps(device, amsgrad, maximize, weight_decay):
     kw = dict(lr=1e-2, betas=(0.9, 0.99), eps=1e-8, weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize)
     ours, theirs = AdamW(pa, **kw), torch.optim.AdamW(pb, **kw)
     run_pair(ours, theirs, pa, pb, 100)
-    assert_close_params(pa, pb)
+    # CPU: a few float32 ulps apart after 100 steps (4.8e-7 seen); CUDA: torch's
+    # foreach kernels contract into FMAs differently, so a little more room
+    tol = 2e-6 if device == "cpu" else 1e-5
+    assert_close_params(pa, pb, rtol=tol, atol=tol)
     for a, b in zip(pa, pb):
         sa, sb = ours.state[a], theirs.state[b]
         assert float(sa["step"]) == float(sb["step"]) == 100.0
@@ -89,6 +96,25 @@ def test_param_groups_and_missing_grads(device):
     assert len(ours.state[pa[1]]) == 0 and len(theirs.state[pb[1]]) == 0
     assert torch.equal(pa[1].detach().cpu(), pb[1].detach().cpu())
     assert ours.param_groups[0].keys() >= theirs.param_groups[0].keys()
+
+
+def test_grads_appearing_and_vanishing_between_steps():
+    # the per-group lists are reused between steps: they must follow which
+    # params have grads, a group added, a state loaded
+    pa = make_params(SHAPES, "cpu")
+    pb = clone_params(pa)
+    ours, theirs = AdamW(pa[:4], lr=1e-2), torch.optim.AdamW(pb[:4], lr=1e-2)
+    for s, skip in enumerate([(), (1,), (1,), (0, 2), (), (3,)]):
+        set_grads(pa, s, skip=skip), set_grads(pb, s, skip=skip)
+        if s == 2:
+            ours.param_groups[0]["maximize"] = theirs.param_groups[0]["maximize"] = True
+        if s == 4:
+            ours.add_param_group({"params": pa[4:], "lr": 3e-3})
+            theirs.add_param_group({"params": pb[4:], "lr": 3e-3})
+        if s == 5:
+            ours.load_state_dict(copy.deepcopy(ours.state_dict()))
+        ours.step(), theirs.step()
+    assert_close_params(pa, pb)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -236,6 +262,24 @@ def test_non_contiguous_params(device):
     assert pa[0].stride() == (1, 5)
 
 
+def test_torch_checkpoint_into_master_weights():
+    # torch's checkpoint of bf16 params (bf16 state, no masters) into master mode:
+    # the state becomes float32 and the masters start from the params
+    p = make_params([(33,), (4, 5)], "cpu", dtype=torch.bfloat16)
+    t = torch.optim.AdamW(p, lr=1e-3)
+    set_grads(p, 0)
+    t.step()
+    q = clone_params(p)
+    o = AdamW(q, lr=1e-3, master_weights=True)
+    o.load_state_dict(copy.deepcopy(t.state_dict()))
+    assert o.param_groups[0]["master_weights"] is True
+    st = o.state[q[0]]
+    assert st["exp_avg"].dtype == torch.float32 and torch.equal(st["master_param"], q[0].detach().float())
+    set_grads(q, 1)
+    o.step()
+    assert torch.equal(q[0].detach(), o.state[q[0]]["master_param"].bfloat16())
+
+
 def test_refusals():
     q = torch.nn.Parameter(torch.randn(3, dtype=torch.float64))
     q.grad = torch.randn(3, dtype=torch.float64)
@@ -361,14 +405,22 @@ def test_compiled_step_fullgraph():
 def test_cuda_matches_cpu_every_dtype(pdt, gdt, master):
     cpu = _functional_inputs("cpu", pdt=pdt, gdt=gdt, seed=4)
     dev = [[t.cuda() for t in lst] for lst in cpu]
+    masters = []
     for (ps, gs, ms, vs, xs, steps) in (cpu, dev):
         ws = [p.float() for p in ps] if master else None
+        masters.append(ws)
         n, c = opsmith.adamw_grad_norm(gs, 2.0)
         opsmith.adamw_step(ps, gs, ms, vs, steps, lr=1e-2, weight_decay=0.1, amsgrad=True, max_exp_avg_sqs=xs,
                            master_params=ws, clip_coef=c)
-    tol = dict(rtol=1e-5, atol=1e-6) if pdt == torch.float32 or master else dict(rtol=1e-2, atol=1e-2)
+    # float32 results agree to float32 rounding; a 16-bit param to its own
+    # rounding (an ulp of float32 apart can round to neighbouring bf16 values)
+    tol = dict(rtol=1e-5, atol=1e-6) if pdt == torch.float32 else dict(rtol=1e-2, atol=1e-2)
     for a, b in zip(cpu[0], dev[0]):
         torch.testing.assert_close(b.cpu().float(), a.float(), **tol)
+    if master:
+        for a, b, w in zip(masters[0], masters[1], dev[0]):
+            torch.testing.assert_close(b.cpu(), a, rtol=1e-5, atol=1e-6)
+            assert torch.equal(w, b.to(pdt)), "params are the rounded masters"
     for a, b in zip(cpu[2] + cpu[3] + cpu[4], dev[2] + dev[3] + dev[4]):
         torch.testing.assert_close(b.cpu(), a, rtol=1e-5, atol=1e-7)
 
@@ -396,8 +448,8 @@ def test_cuda_misaligned_views_and_many_tensors():
 
 
 @needs_cuda
-def test_cuda_tensor_larger_than_one_launch():
-    # 2400 chunks of 65536: more blocks than one launch's table holds
+def test_cuda_tensor_of_2400_chunks():
+    # 157M elements in one tensor: 2400 blocks of one launch, 64-bit offsets
     n = 2400 * 65536 + 17
     p = torch.randn(n, device="cuda")
     q = p.clone()

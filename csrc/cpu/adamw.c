@@ -7,14 +7,18 @@
  * parallel region per call. Inside a chunk, blocks of OPSMITH_CPU_BLOCK
  * elements are widened to float (16-bit params and grads), updated in a
  * loop the compiler vectorizes, and narrowed back. */
-#pragma GCC optimize("no-math-errno", "no-trapping-math")
+#pragma GCC optimize("no-trapping-math")
 #include <math.h>
 #include <omp.h>
+#if defined(__SSE__)
+#include <immintrin.h>
+#endif
 
-#include "convert_block.h"
+#include "cpu_rows.h" /* OPSMITH_CPU_CLONES; convert_block.h */
 #include "internal/adamw.h"
 
 #define BLOCK 512
+
 
 /* The per-tensor constants of the update, computed in double as
  * torch.optim.AdamW does (Python floats) and used as float. */
@@ -39,38 +43,62 @@ static consts consts_for(double lr, double beta1, double beta2, double eps, doub
     return c;
 }
 
-/* n elements: p (the weight, updated), g (read), m, v, vmax (updated; vmax
- * NULL without amsgrad). */
-static void update(const consts *c, int64_t n, float *restrict p, const float *restrict g, float *restrict m,
-                   float *restrict v, float *restrict vmax) {
+/* x[i] = sqrt(x[i]) for n elements. The library is built with math errno
+ * on, which keeps sqrtf out of vectorized loops (a branch to set errno);
+ * SSE's sqrtps (baseline on x86-64) is the same correctly rounded sqrt. */
+static void sqrt_block(float *x, int64_t n) {
+    int64_t i = 0;
+#if defined(__SSE__)
+    for (; i + 4 <= n; i += 4) _mm_storeu_ps(x + i, _mm_sqrt_ps(_mm_loadu_ps(x + i)));
+#endif
+    for (; i < n; i++) x[i] = sqrtf(x[i]);
+}
+
+/* n <= BLOCK elements: p (the weight, updated), g (read), m, v, vmax
+ * (updated; vmax NULL without amsgrad). AMS and LOW (1 - beta1 < 0.5:
+ * torch's lerp takes m + w (g - m), else g - (g - m)(1 - w)) are constants
+ * in each caller, so every loop is branch-free and vectorizes. */
+static inline __attribute__((always_inline)) void update_body(const consts *c, int64_t n, float *restrict p,
+                                                              const float *restrict g, float *restrict m,
+                                                              float *restrict v, float *restrict vmax,
+                                                              const int AMS, const int LOW) {
     const float decay = c->decay, w1 = c->w1, beta2 = c->beta2, omb2 = c->omb2, step_size = c->step_size;
-    const float bc2_sqrt = c->bc2_sqrt, eps = c->eps, coef = c->coef;
+    const float bc2_sqrt = c->bc2_sqrt, eps = c->eps, coef = c->coef, w1c = 1.0f - c->w1;
+    float root[BLOCK];
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) {
+        const float gi = g[i] * coef;
+        const float mi = LOW ? m[i] + w1 * (gi - m[i]) : gi - (gi - m[i]) * w1c;
+        const float vi = v[i] * beta2 + omb2 * gi * gi;
+        float vv = vi;
+        if (AMS) {
+            vv = vmax[i] > vi ? vmax[i] : vi;
+            vmax[i] = vv;
+        }
+        m[i] = mi, v[i] = vi, root[i] = vv;
+    }
+    sqrt_block(root, n);
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) p[i] = p[i] * decay + -step_size * (m[i] / (root[i] / bc2_sqrt + eps));
+}
+
+static inline __attribute__((always_inline)) void update(const consts *c, int64_t n, float *restrict p,
+                                                         const float *restrict g, float *restrict m,
+                                                         float *restrict v, float *restrict vmax) {
+    const int low = c->w1 < 0.5f;
     if (c->amsgrad) {
-#pragma omp simd
-        for (int64_t i = 0; i < n; i++) {
-            const float gi = g[i] * coef;
-            const float mi = w1 < 0.5f ? m[i] + w1 * (gi - m[i]) : gi - (gi - m[i]) * (1.0f - w1);
-            const float vi = v[i] * beta2 + omb2 * gi * gi;
-            const float vm = vmax[i] > vi ? vmax[i] : vi;
-            const float denom = sqrtf(vm) / bc2_sqrt + eps;
-            p[i] = p[i] * decay + -step_size * (mi / denom);
-            m[i] = mi, v[i] = vi, vmax[i] = vm;
-        }
+        if (low) update_body(c, n, p, g, m, v, vmax, 1, 1);
+        else update_body(c, n, p, g, m, v, vmax, 1, 0);
     } else {
-#pragma omp simd
-        for (int64_t i = 0; i < n; i++) {
-            const float gi = g[i] * coef;
-            const float mi = w1 < 0.5f ? m[i] + w1 * (gi - m[i]) : gi - (gi - m[i]) * (1.0f - w1);
-            const float vi = v[i] * beta2 + omb2 * gi * gi;
-            const float denom = sqrtf(vi) / bc2_sqrt + eps;
-            p[i] = p[i] * decay + -step_size * (mi / denom);
-            m[i] = mi, v[i] = vi;
-        }
+        if (low) update_body(c, n, p, g, m, v, NULL, 0, 1);
+        else update_body(c, n, p, g, m, v, NULL, 0, 0);
     }
 }
 
-/* Elements [off, off + n) of tensor t. */
-static void step_span(const consts *c, opsmith_dtype pdt, opsmith_dtype gdt, void *param, const void *grad,
+/* Elements [off, off + n) of tensor t; compiled for AVX-512, AVX2 and the
+ * baseline (cpu_rows.h), picked at load time: the same bits in each (no FMA
+ * contraction). */
+OPSMITH_CPU_CLONES static void step_span(const consts *c, opsmith_dtype pdt, opsmith_dtype gdt, void *param, const void *grad,
                       float *m, float *v, float *vmax, float *master, int64_t off, int64_t n) {
     float gbuf[BLOCK], pbuf[BLOCK];
     for (int64_t b = 0; b < n; b += BLOCK) {

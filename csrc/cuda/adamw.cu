@@ -6,8 +6,8 @@
  * 12.1+ on sm_70+), the pointers and sizes of up to MAX_TENSORS tensors and
  * the number of each one's first block; a block finds its tensor by binary
  * search over those. Any number of chunks fits in one launch, so a launch
- * ends only when the tensor table is full: 2 launches for a 300-tensor
- * model, ~20 for 8000 tensors, with no device buffer to upload, no
+ * ends only when the tensor table is full: one launch for a 300-tensor
+ * model, 21 for 8000 tensors, with no device buffer to upload, no
  * allocation and no host synchronisation (a CUDA graph captures it).
  *
  * Inside a chunk every thread moves 4 elements at a time: 16-byte loads of

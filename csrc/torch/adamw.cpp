@@ -48,22 +48,23 @@ opsmith_dtype storage_dtype(const at::Tensor &t, const char *op, const char *lis
 // without elements that share memory. Returns the list's dtype.
 at::ScalarType check_list(const char *op, const char *name, at::TensorList list, const at::Device &device,
                           at::ScalarType dtype, at::TensorList ref, const char *ref_name, bool mutated) {
+    // messages are only formatted on failure: thousands of tensors a step
     for (size_t i = 0; i < list.size(); i++) {
         const at::Tensor &t = list[i];
-        const std::string at_i = std::string(name) + "[" + text((int64_t)i) + "]";
-        TORCH_CHECK(t.defined(), op, ": ", at_i, " is undefined");
-        TORCH_CHECK(t.device() == device, op, ": ", at_i, " must be on ", device, " (the device of params[0]), got ",
-                    t.device());
+        const int64_t k = (int64_t)i;
+        TORCH_CHECK(t.defined(), op, ": ", name, "[", text(k), "] is undefined");
+        TORCH_CHECK(t.device() == device, op, ": ", name, "[", text(k), "] must be on ", device,
+                    " (the device of params[0]), got ", t.device());
         if (dtype == at::ScalarType::Undefined) dtype = t.scalar_type();
-        TORCH_CHECK(t.scalar_type() == dtype, op, ": ", at_i, " must be ", dtype, " like ", name, "[0], got ",
-                    t.scalar_type());
-        if (mutated)
-            TORCH_CHECK(t.is_contiguous() || at::has_internal_overlap(t) != at::MemOverlap::Yes, op, ": ", at_i,
-                        " has elements that share memory (an expanded view) and cannot be updated in place, got "
+        TORCH_CHECK(t.scalar_type() == dtype, op, ": ", name, "[", text(k), "] must be ", dtype, " like ", name,
+                    "[0], got ", t.scalar_type());
+        if (mutated && !t.is_contiguous())
+            TORCH_CHECK(at::has_internal_overlap(t) != at::MemOverlap::Yes, op, ": ", name, "[", text(k),
+                        "] has elements that share memory (an expanded view) and cannot be updated in place, got "
                         "strides ", text(t.strides()));
         if (!ref.empty())
-            TORCH_CHECK(t.sizes() == ref[i].sizes(), op, ": ", at_i, " must have the shape of ", ref_name, "[",
-                        text((int64_t)i), "] ", text(ref[i].sizes()), ", got ", text(t.sizes()));
+            TORCH_CHECK(t.sizes() == ref[i].sizes(), op, ": ", name, "[", text(k), "] must have the shape of ",
+                        ref_name, "[", text(k), "] ", text(ref[i].sizes()), ", got ", text(t.sizes()));
     }
     return dtype;
 }
