@@ -71,7 +71,8 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, weight: Optional[t
     loss; ``return_z_loss=True`` returns ``(loss, z_loss_part)``), ``softcap``
     applies ``softcap * tanh(logits / softcap)`` first (Gemma 2).
     ``inplace_grad=True`` writes the logit gradient over the logits' memory
-    (logits must not be used again; eager mode). Out-of-range targets: on the
+    when there is a gradient to compute (logits must not be used again; eager
+    mode; under no_grad nothing is written). Out-of-range targets: on the
     CPU an IndexError naming the target; on CUDA that row's loss is NaN and a
     device-side flag records it, checked (one host synchronisation) when
     ``validate=True``. Every target ignored with reduction mean gives NaN, as
@@ -82,7 +83,8 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, weight: Optional[t
         raise RuntimeError("cross_entropy: inplace_grad=True writes the gradient over logits, which must not be a "
                            "leaf that requires grad (it is meant for the output of the lm head); use inplace_grad=False")
     x, t, shape = _rows(logits, target)
-    if inplace_grad:
+    # no gradient to compute (no_grad, evaluation): the logits are left as they are
+    if inplace_grad and torch.is_grad_enabled() and logits.requires_grad:
         loss, z, _lse, error = _fwd_inplace(x, t, weight, ignore_index, float(label_smoothing), float(z_loss), cap, red)
     else:
         loss, z, _lse, _dl, error = _fwd(x, t, weight, ignore_index, float(label_smoothing), float(z_loss), cap, red)
