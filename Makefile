@@ -61,13 +61,16 @@ build: ext
 
 lib: $(LIB)
 
-build/%.o: %.c $(HEADERS) $(CONFIG)
+# each object depends on the headers it includes (-MMD writes them to its .d
+# file, read below), so editing one op's header recompiles that op alone
+DEPFLAGS = -MMD -MP -MF $(@:.o=.d)
+build/%.o: %.c build/%.d $(CONFIG)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -c $< -o $@
+	$(CC) $(CFLAGS) $(DEPFLAGS) -c $< -o $@
 
-build/%.o: %.cu $(HEADERS) $(CONFIG)
+build/%.o: %.cu build/%.d $(CONFIG)
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+	$(NVCC) $(NVCCFLAGS) $(DEPFLAGS) -c $< -o $@
 
 $(LIB): $(OBJS)
 	@rm -f $@
@@ -99,13 +102,19 @@ example: build/rms_norm_example
 # --- C tests: the kernels against the scalar reference, no Python ---------
 TEST_SRCS := $(wildcard tests/c/*.c)
 TEST_OBJS := $(TEST_SRCS:%.c=build/%.o)
-build/tests/c/%.o: tests/c/%.c $(wildcard tests/c/*.h) $(HEADERS) $(CONFIG)
+build/tests/c/%.o: tests/c/%.c build/tests/c/%.d $(CONFIG)
 	@mkdir -p $(dir $@)
-	$(CC) -std=c11 -O2 -Wall -Wextra -Iinclude -Icsrc $(CUDA_TEST_FLAGS) -c $< -o $@
+	$(CC) -std=c11 -O2 -Wall -Wextra -Iinclude -Icsrc $(CUDA_TEST_FLAGS) $(DEPFLAGS) -c $< -o $@
 
 # linked by g++: the CUDA objects need the C++ runtime
 build/test_c: $(TEST_OBJS) $(LIB)
 	g++ $(TEST_OBJS) $(LIB) -fopenmp -lm $(CUDA_LINK) -o $@
+
+# an object without its .d file (built before dependency files existed) is
+# rebuilt once to get one
+DEPFILES := $(OBJS:.o=.d) $(TEST_OBJS:.o=.d)
+$(DEPFILES):
+include $(wildcard $(DEPFILES))
 
 ctest: build/test_c
 	OMP_NUM_THREADS=2 ./build/test_c
