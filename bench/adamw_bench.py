@@ -85,11 +85,43 @@ def providers(mode):
             "torch_fused": torch_opt(False, fused=True), "torch_fused+clip": torch_opt(True, fused=True)}
 
 
+def plot(results_json: str) -> str:
+    """adamw.png beside results.json: fraction of copy bandwidth (graph
+    replay) per set and mode, one bar per provider."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    with open(results_json) as f:
+        data = json.load(f)
+    rows, meta = data["rows"], data["meta"]
+    groups = sorted({(r["set"], r["mode"]) for r in rows}, key=lambda g: (g[0], g[1]))
+    names = list(dict.fromkeys(r["provider"] for r in rows))
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    width = 0.8 / len(names)
+    for k, name in enumerate(names):
+        vals = [next((r["fraction_of_copy"] for r in rows if (r["set"], r["mode"]) == g and r["provider"] == name),
+                     0.0) for g in groups]
+        ax.bar([i + k * width for i in range(len(groups))], vals, width, label=name)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(groups))], [f"{s}\n{m}" for s, m in groups])
+    ax.set_ylabel("fraction of copy bandwidth (28 B/param)")
+    ax.set_ylim(0, 1.05)
+    ax.set_title(f"AdamW step, {meta['gpu']}, torch {meta['torch']} (CUDA-graph replay)")
+    ax.legend(fontsize=8, ncol=2)
+    fig.tight_layout()
+    out = os.path.join(os.path.dirname(results_json), "adamw.png")
+    fig.savefig(out, dpi=110)
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="a quarter of the Llama-like set, 2000 small tensors")
-    ap.add_argument("--out", default=None, help="directory for results.json and table.md")
+    ap.add_argument("--out", default=None, help="directory for results.json, table.md and adamw.png")
+    ap.add_argument("--plot", metavar="RESULTS_JSON", help="only draw adamw.png from a results.json")
     args = ap.parse_args(argv)
+    if args.plot:
+        print(plot(args.plot))
+        return 0
     if not torch.cuda.is_available():
         print("adamw_bench: needs a CUDA device")
         return 2
@@ -159,6 +191,10 @@ def main(argv=None):
             json.dump({"meta": meta, "rows": rows}, f, indent=1)
         with open(os.path.join(args.out, "table.md"), "w") as f:
             f.write("\n".join(table) + "\n")
+        try:
+            plot(os.path.join(args.out, "results.json"))
+        except ImportError:
+            print("adamw_bench: matplotlib missing, no plot (draw it later with --plot results.json)")
     return 0
 
 

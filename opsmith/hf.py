@@ -21,6 +21,10 @@ What is replaced, per architecture (`SUPPORTED`):
   cross-entropy with ignore_index and num_items_in_batch) computes through
   opsmith.cross_entropy on the logits as they are, with float32 math inside the
   kernel in place of an upcast float32 copy of the logits, where opsmith has it.
+- fused_linear_cross_entropy: when training with labels, the causal LM's
+  forward takes the loss from the last hidden states and the lm_head weight
+  through opsmith.fused_linear_cross_entropy, never making the logits (Gemma 2's
+  final logit softcapping included); logits as before otherwise.
 
 A model instance is patched in place: each module's class becomes an opsmith
 subclass of its Hugging Face class (isinstance still holds, parameters and
@@ -124,6 +128,78 @@ def causal_lm_loss(logits, labels, vocab_size: int, num_items_in_batch=None, ign
     return loss.float()
 
 
+def _shifted_labels(labels, ignore_index: int, shift_labels=None):
+    if shift_labels is None:
+        # Hugging Face's shift: pad, then drop the first; the last position is ignored
+        shift_labels = torch.nn.functional.pad(labels, (0, 1), value=ignore_index)[..., 1:]
+    return shift_labels
+
+
+def fused_causal_lm_loss(hidden_states, lm_head: torch.nn.Linear, labels, num_items_in_batch=None,
+                         ignore_index: int = -100, shift_labels=None, softcap=None, **kwargs):
+    """The causal-LM loss from the last hidden states and the lm_head, through
+    opsmith.fused_linear_cross_entropy: Hugging Face's shift, ignore_index and
+    num_items_in_batch handling, without the [tokens, vocab] logits (forward
+    or backward). Returns a float32 scalar."""
+    shift_labels = _shifted_labels(labels, ignore_index, shift_labels)
+    h = hidden_states.reshape(-1, hidden_states.shape[-1])
+    t = shift_labels.reshape(-1).to(h.device)
+    reduction = "sum" if num_items_in_batch is not None else "mean"
+    loss = opsmith.fused_linear_cross_entropy(h, lm_head.weight, t, bias=lm_head.bias, ignore_index=ignore_index,
+                                              reduction=reduction, softcap=softcap)
+    if reduction == "sum":
+        if torch.is_tensor(num_items_in_batch):
+            num_items_in_batch = num_items_in_batch.to(loss.device)
+        loss = loss / num_items_in_batch
+    return loss.float()
+
+
+def _causal_lm_forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
+                       inputs_embeds=None, labels=None, use_cache=None, logits_to_keep=0, skip_logits=None,
+                       **kwargs):
+    """The causal LM's forward with the loss through fused linear
+    cross-entropy: when training with labels (or skip_logits=True) the loss
+    comes from the hidden states and the lm_head weight and no logits are made
+    (the output's logits are None); otherwise Hugging Face's path (logits, and
+    the loss from them when labels are given)."""
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+    outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache, **kwargs)
+    hidden = outputs.last_hidden_state
+    softcap = getattr(self.config, "final_logit_softcapping", None)
+    if skip_logits is None:
+        skip_logits = self.training and labels is not None and torch.is_grad_enabled()
+    if skip_logits and labels is None and kwargs.get("shift_labels") is None:
+        raise ValueError("skip_logits=True needs labels (the loss is all such a forward computes)")
+    logits = loss = None
+    if skip_logits:
+        loss = fused_causal_lm_loss(hidden, self.lm_head, labels, softcap=softcap, **kwargs)
+    else:
+        if isinstance(logits_to_keep, int):
+            hidden = hidden[:, -logits_to_keep:, :] if logits_to_keep else hidden
+        else:
+            hidden = hidden[:, logits_to_keep, :]
+        logits = self.lm_head(hidden)
+        if softcap is not None:
+            logits = torch.tanh(logits / softcap) * softcap
+        if labels is not None:
+            loss = self.loss_function(logits, labels, self.vocab_size, **kwargs)
+    return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=outputs.past_key_values,
+                                  hidden_states=outputs.hidden_states, attentions=outputs.attentions)
+
+
+def _tuple_aware(forward):
+    # Hugging Face's forwards return a tuple for return_dict=False (can_return_tuple)
+    try:
+        from transformers.utils.generic import can_return_tuple
+    except ImportError:  # pragma: no cover (older transformers)
+        return forward
+    return can_return_tuple(forward)
+
+
+_FUSED_FORWARD = _tuple_aware(_causal_lm_forward)
+
+
 # --- subclasses ----------------------------------------------------------------------------
 
 _SUBCLASSES: Dict[type, type] = {}
@@ -146,7 +222,8 @@ def _available(name: str) -> bool:
 
 
 def _check_available(flags: Dict[str, bool]) -> None:
-    need = {"rope": "apply_rotary_pos_emb", "cross_entropy": "cross_entropy"}
+    need = {"rope": "apply_rotary_pos_emb", "cross_entropy": "cross_entropy",
+            "fused_linear_cross_entropy": "fused_linear_cross_entropy"}
     for flag, fn in need.items():
         if flags.get(flag) is True and not _available(fn):
             raise NotImplementedError(f"opsmith.hf: {flag}=True needs opsmith.{fn}, which this build of opsmith "
@@ -161,6 +238,8 @@ def _resolve(flags: Dict[str, Optional[bool]]) -> Dict[str, bool]:
         out["rope"] = _available("apply_rotary_pos_emb")
     if out["cross_entropy"] is None:
         out["cross_entropy"] = _available("cross_entropy")
+    if out["fused_linear_cross_entropy"] is None:
+        out["fused_linear_cross_entropy"] = _available("fused_linear_cross_entropy")
     return out
 
 
@@ -205,6 +284,10 @@ def _patch_module_names(model_type: str, flags: Dict[str, bool]) -> None:
     if flags["cross_entropy"]:
         # PreTrainedModel.loss_function returns _loss_function where one is set
         causal_cls._loss_function = staticmethod(causal_lm_loss)
+    if flags["fused_linear_cross_entropy"] and not getattr(causal_cls, "_opsmith_fused_loss", False):
+        # the class the user calls from_pretrained on: its forward itself
+        causal_cls.forward = _FUSED_FORWARD
+        causal_cls._opsmith_fused_loss = True
 
 
 def _patch_instance(model: torch.nn.Module, model_type: str, flags: Dict[str, bool]) -> None:
@@ -221,17 +304,31 @@ def _patch_instance(model: torch.nn.Module, model_type: str, flags: Dict[str, bo
         setattr(module, "apply_rotary_pos_emb", opsmith.apply_rotary_pos_emb)
     if flags["cross_entropy"] and isinstance(model, causal_cls):
         model.loss_function = causal_lm_loss
+    if flags["fused_linear_cross_entropy"] and isinstance(model, causal_cls) and \
+            not getattr(type(model), "_opsmith_fused_loss", False):
+        model.__class__ = _opsmith_subclass(type(model), _FUSED_FORWARD)
+        type(model)._opsmith_fused_loss = True
 
 
 def patch(model_or_class=None, *, model_type: Optional[str] = None, rms_norm: bool = True,
-          rope: Optional[bool] = None, glu: bool = True, cross_entropy: Optional[bool] = None):
+          rope: Optional[bool] = None, glu: bool = True, cross_entropy: Optional[bool] = None,
+          fused_linear_cross_entropy: Optional[bool] = None):
     """Patch a built model (in place; returned), a model class, or, with
-    `model_type` alone, an architecture's classes. rope / cross_entropy: None
-    patches them where opsmith has the op, True requires it.
+    `model_type` alone, an architecture's classes. rope / cross_entropy /
+    fused_linear_cross_entropy: None patches them where opsmith has the op,
+    True requires it.
+
+    fused_linear_cross_entropy: the causal LM's forward, when training with
+    labels, computes the loss from the last hidden states and the lm_head
+    through opsmith.fused_linear_cross_entropy without making the logits
+    (its output's logits are None then; pass skip_logits=False to the
+    forward to get them); in evaluation, or without labels, it computes the
+    logits as Hugging Face does.
 
     Raises UnsupportedModelError (listing the supported types) for a model
     type opsmith.hf does not know."""
-    flags = _resolve({"rms_norm": rms_norm, "rope": rope, "glu": glu, "cross_entropy": cross_entropy})
+    flags = _resolve({"rms_norm": rms_norm, "rope": rope, "glu": glu, "cross_entropy": cross_entropy,
+                      "fused_linear_cross_entropy": fused_linear_cross_entropy})
     if model_or_class is None:
         if model_type is None:
             raise TypeError("opsmith.hf.patch: give a model, a model class or model_type=")
@@ -276,4 +373,4 @@ patch_gemma = _for("gemma")
 patch_gemma2 = _for("gemma2")
 
 __all__ = ["patch", "patch_llama", "patch_mistral", "patch_qwen2", "patch_qwen3", "patch_gemma", "patch_gemma2",
-           "causal_lm_loss", "SUPPORTED", "UnsupportedModelError"]
+           "causal_lm_loss", "fused_causal_lm_loss", "SUPPORTED", "UnsupportedModelError"]

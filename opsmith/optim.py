@@ -167,7 +167,6 @@ class AdamW(torch.optim.Optimizer):
         for group, b, grads in plans:
             beta1, beta2 = group["betas"]
             device = b["device"]
-            torch._foreach_add_(b["s"], 1.0)
             lr = group["lr"]
             if isinstance(lr, Tensor) and (lr.device != device or lr.dtype != torch.float32):
                 lr = lr.to(device=device, dtype=torch.float32)
@@ -179,7 +178,7 @@ class AdamW(torch.optim.Optimizer):
                        beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"],
                        amsgrad=group["amsgrad"], maximize=group["maximize"],
                        max_exp_avg_sqs=b["x"] if group["amsgrad"] else None,
-                       master_params=b["w"] if b["has_master"] else None, clip_coef=c)
+                       master_params=b["w"] if b["has_master"] else None, clip_coef=c, increment_steps=True)
         return loss
 
     def add_param_group(self, param_group) -> None:

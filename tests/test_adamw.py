@@ -380,6 +380,49 @@ def test_grad_norm_deterministic_across_threads():
     assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_increment_steps_in_the_call(device):
+    # increment_steps=True: every count advanced by exactly 1 before the
+    # update (an empty tensor's too, as torch counts it), the same result
+    # as incrementing first and stepping
+    a = list(_functional_inputs(device))
+    b = [[t.clone() for t in lst] for lst in a]
+    for lst in (a, b):
+        lst[0].append(torch.empty(0, device=device))
+        for k in (1, 2, 3):
+            lst[k].append(torch.empty(0, device=device))
+        lst[5].append(torch.tensor(4.0, device=device))
+    before = [float(s) for s in a[5]]
+    opsmith.adamw_step(a[0], a[1], a[2], a[3], a[5], lr=1e-2, increment_steps=True)
+    for s in b[5]:
+        s += 1
+    opsmith.adamw_step(b[0], b[1], b[2], b[3], b[5], lr=1e-2)
+    assert [float(s) for s in a[5]] == [x + 1 for x in before]
+    for x, y in zip(a[0] + a[2] + a[3], b[0] + b[2] + b[3]):
+        assert torch.equal(x, y)
+    c = [[t.clone() for t in lst] for lst in b]
+    opsmith.pybind.adamw_step(c[0], c[1], c[2], c[3], c[5], lr=1e-2, increment_steps=True)
+    opsmith.adamw_step(b[0], b[1], b[2], b[3], b[5], lr=1e-2, increment_steps=True)
+    for x, y in zip(b[0] + b[5], c[0] + c[5]):
+        assert torch.equal(x, y)
+
+
+def test_step_is_not_differentiable_and_bumps_versions():
+    ps, gs, ms, vs, xs, steps = _functional_inputs("cpu")
+    leaf = [p.clone().requires_grad_() for p in ps]
+    with pytest.raises(RuntimeError, match=r"adamw_step_: params\[0\] requires grad and grad mode is on"):
+        opsmith.adamw_step(leaf, gs, ms, vs, steps)
+    versions = [t._version for t in ps + ms + vs + steps]
+    with torch.no_grad():
+        opsmith.adamw_step(leaf, gs, ms, vs, steps, increment_steps=True)
+    opsmith.adamw_step(ps, gs, ms, vs, steps, increment_steps=True)
+    assert all(t._version > v for t, v in zip(ps + ms + vs + steps, versions))
+    # the unboxed Autograd kernel, not PyTorch's boxed fallback, serves the op
+    # (the fallback costs most of a step's host time over thousands of tensors)
+    for name in ("opsmith::adamw_step_", "opsmith::adamw_grad_norm"):
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(name, "Autograd"), name
+
+
 def test_compiled_step_fullgraph():
     ps, gs, ms, vs, xs, steps = _functional_inputs("cpu")
     qs = [[t.clone() for t in lst] for lst in (ps, ms, vs)]
@@ -449,7 +492,7 @@ def test_cuda_misaligned_views_and_many_tensors():
 
 @needs_cuda
 def test_cuda_tensor_of_2400_chunks():
-    # 157M elements in one tensor: 2400 blocks of one launch, 64-bit offsets
+    # 157M elements in one tensor: 19200 blocks of one launch, 64-bit offsets
     n = 2400 * 65536 + 17
     p = torch.randn(n, device="cuda")
     q = p.clone()

@@ -50,14 +50,17 @@ def restore_modeling():
     for model_type, entry in hf.SUPPORTED.items():
         module = importlib.import_module(entry[0])
         causal_cls = getattr(module, entry[3])
-        saved.append((module, dict(vars(module)), causal_cls, causal_cls.__dict__.get("_loss_function")))
+        saved.append((module, dict(vars(module)), causal_cls, dict(causal_cls.__dict__)))
     yield
-    for module, names, causal_cls, loss in saved:
+    for module, names, causal_cls, attrs in saved:
         for key, value in names.items():
             if getattr(module, key, None) is not value:
                 setattr(module, key, value)
-        if loss is None and "_loss_function" in causal_cls.__dict__:
-            delattr(causal_cls, "_loss_function")
+        for key in ("_loss_function", "forward", "_opsmith_fused_loss"):
+            if key in attrs:
+                setattr(causal_cls, key, attrs[key])
+            elif key in causal_cls.__dict__:
+                delattr(causal_cls, key)
 
 
 def batch(model, device, seed=1, rows=2, seq=12):

@@ -161,6 +161,13 @@ opsmith_status opsmith_adamw_step_cpu(int64_t count, const int64_t *numels, opsm
     return OPSMITH_STATUS_SUCCESS;
 }
 
+opsmith_status opsmith_adamw_increment_steps_cpu(int64_t count, float *const *steps) {
+    opsmith_status s = opsmith_internal_adamw_increment_check("adamw_increment_steps_cpu", count, steps);
+    if (s != OPSMITH_STATUS_SUCCESS) return s;
+    for (int64_t t = 0; t < count; t++) *steps[t] += 1.0f;
+    return OPSMITH_STATUS_SUCCESS;
+}
+
 size_t opsmith_adamw_grad_norm_cpu_workspace_size(int64_t count, const int64_t *numels) {
     return (size_t)opsmith_internal_adamw_total_chunks(count, numels) * sizeof(double);
 }

@@ -183,6 +183,18 @@ __global__ void __launch_bounds__(THREADS) adamw_step_kernel(const StepTable tab
     }
 }
 
+/* The step counters a launch increments: as many as the kernel argument holds. */
+constexpr int INC_COUNTERS = 3840;
+struct IncTable {
+    float *step[INC_COUNTERS];
+    int n;
+};
+
+__global__ void __launch_bounds__(256) increment_steps_kernel(const IncTable tab) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < tab.n) *tab.step[i] += 1.0f;
+}
+
 template <typename G>
 __global__ void __launch_bounds__(THREADS) adamw_norm_kernel(const NormTable tab, float *__restrict__ partial) {
     __shared__ float scratch[32];
@@ -295,6 +307,22 @@ extern "C" opsmith_status opsmith_adamw_step_cuda(
             return flush();
         });
     });
+}
+
+extern "C" opsmith_status opsmith_adamw_increment_steps_cuda(int64_t count, float *const *steps,
+                                                              opsmith_cuda_stream stream) {
+    opsmith_status st = opsmith_internal_adamw_increment_check("adamw_increment_steps_cuda", count, steps);
+    if (st != OPSMITH_STATUS_SUCCESS || count == 0) return st;
+    cudaStream_t cs = reinterpret_cast<cudaStream_t>(stream);
+    IncTable tab;
+    for (int64_t t0 = 0; t0 < count; t0 += INC_COUNTERS) {
+        tab.n = (int)(count - t0 < INC_COUNTERS ? count - t0 : INC_COUNTERS);
+        for (int i = 0; i < tab.n; i++) tab.step[i] = steps[t0 + i];
+        increment_steps_kernel<<<(tab.n + 255) / 256, 256, 0, cs>>>(tab);
+        st = launch_status();
+        if (st != OPSMITH_STATUS_SUCCESS) return st;
+    }
+    return OPSMITH_STATUS_SUCCESS;
 }
 
 extern "C" size_t opsmith_adamw_grad_norm_cuda_workspace_size(int64_t count, const int64_t *numels) {

@@ -92,6 +92,22 @@ opsmith_status opsmith_internal_adamw_step_check(const char *op, int64_t count, 
     return OPSMITH_STATUS_SUCCESS;
 }
 
+opsmith_status opsmith_internal_adamw_increment_check(const char *op, int64_t count, float *const *steps) {
+    opsmith_internal_clear_error();
+    if (count < 0)
+        return opsmith_internal_fail(OPSMITH_STATUS_INVALID_ARGUMENT, "%s: count (%lld) must be >= 0", op,
+                                     (long long)count);
+    if (count > 0 && !steps) return opsmith_internal_fail(OPSMITH_STATUS_INVALID_ARGUMENT, "%s: steps is NULL", op);
+    for (int64_t t = 0; t < count; t++) {
+        if (!steps[t])
+            return opsmith_internal_fail(OPSMITH_STATUS_INVALID_ARGUMENT, "%s: steps[%lld] is NULL", op, (long long)t);
+        if (opsmith_internal_misaligned(steps[t], sizeof(float)))
+            return opsmith_internal_fail(OPSMITH_STATUS_MISALIGNED, "%s: steps[%lld] (%p) is not aligned to 4 bytes",
+                                         op, (long long)t, (void *)steps[t]);
+    }
+    return OPSMITH_STATUS_SUCCESS;
+}
+
 opsmith_status opsmith_internal_adamw_norm_check(const char *op, int64_t count, const int64_t *numels,
                                                  opsmith_dtype grad_dtype, const void *const *grads,
                                                  double max_norm, const float *norm, const float *clip_coef,

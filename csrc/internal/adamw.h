@@ -21,6 +21,11 @@ OPSMITH_INTERNAL opsmith_status opsmith_internal_adamw_step_check(
     float *const *max_exp_avg_sqs, float *const *master_params, const float *const *steps, double lr,
     const float *lr_tensor, double beta1, double beta2, double eps, double weight_decay, int amsgrad);
 
+/* Validates an increment_steps call: count >= 0, every steps[t] non-NULL
+ * and float-aligned. */
+OPSMITH_INTERNAL opsmith_status opsmith_internal_adamw_increment_check(const char *op, int64_t count,
+                                                                       float *const *steps);
+
 /* Validates a grad-norm call (the workspace too); the chunk total goes to
  * *chunks. */
 OPSMITH_INTERNAL opsmith_status opsmith_internal_adamw_norm_check(

@@ -15,6 +15,12 @@ opsmith_status opsmith_adamw_step_cuda(int64_t count, const int64_t *numels, ops
     return opsmith_internal_fail(OPSMITH_STATUS_CUDA_UNAVAILABLE, "adamw_step_cuda: the library was built without CUDA");
 }
 
+opsmith_status opsmith_adamw_increment_steps_cuda(int64_t count, float *const *steps, opsmith_cuda_stream stream) {
+    (void)count, (void)steps, (void)stream;
+    return opsmith_internal_fail(OPSMITH_STATUS_CUDA_UNAVAILABLE,
+                                 "adamw_increment_steps_cuda: the library was built without CUDA");
+}
+
 size_t opsmith_adamw_grad_norm_cuda_workspace_size(int64_t count, const int64_t *numels) {
     return (size_t)opsmith_internal_adamw_total_chunks(count, numels) * sizeof(float);
 }

@@ -26,6 +26,8 @@
 #if OPSMITH_ROUTE_A
 #include "pybind_registry.h"
 #else
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/csrc/autograd/VariableTypeUtils.h>
 #include <torch/library.h>
 #endif
 
@@ -114,7 +116,8 @@ template <typename T> std::vector<T> pointers(const std::vector<at::Tensor> &lis
 void adamw_step_(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
                  at::TensorList max_exp_avg_sqs, at::TensorList master_params, at::TensorList steps, double lr,
                  const std::optional<at::Tensor> &lr_tensor, double beta1, double beta2, double eps,
-                 double weight_decay, bool amsgrad, bool maximize, const std::optional<at::Tensor> &clip_coef) {
+                 double weight_decay, bool amsgrad, bool maximize, const std::optional<at::Tensor> &clip_coef,
+                 bool increment_steps) {
     const char *op = "adamw_step_";
     const size_t n = params.size();
     auto same_length = [&](at::TensorList l, const char *name) {
@@ -166,22 +169,27 @@ void adamw_step_(at::TensorList params, at::TensorList grads, at::TensorList exp
     const std::vector<const void *> g = pointers<const void *>(fg.dense);
     const std::vector<float *> m = pointers<float *>(fm.dense), v = pointers<float *>(fv.dense);
     const std::vector<float *> x = pointers<float *>(fx.dense), w = pointers<float *>(fw.dense);
-    const std::vector<const float *> s = pointers<const float *>(fs.dense);
+    const std::vector<float *> s = pointers<float *>(fs.dense); // one element each: always the tensor itself
     const float *lr_p = lr_tensor ? lr_tensor->data_ptr<float>() : nullptr;
     const float *coef_p = clip_coef ? clip_coef->data_ptr<float>() : nullptr;
     opsmith_status status;
 #if OPSMITH_WITH_CUDA
     if (device.is_cuda()) {
         const c10::cuda::CUDAGuard guard(device);
-        status = opsmith_adamw_step_cuda((int64_t)n, numels.data(), pdt, gdt, p.data(), g.data(), m.data(), v.data(),
+        const cudaStream_t stream = at::cuda::getCurrentCUDAStream(device.index()).stream();
+        status = increment_steps ? opsmith_adamw_increment_steps_cuda((int64_t)n, s.data(), stream)
+                                 : OPSMITH_STATUS_SUCCESS;
+        if (status == OPSMITH_STATUS_SUCCESS)
+            status = opsmith_adamw_step_cuda((int64_t)n, numels.data(), pdt, gdt, p.data(), g.data(), m.data(), v.data(),
                                          amsgrad ? x.data() : nullptr, w.empty() ? nullptr : w.data(), s.data(), lr,
-                                         lr_p, beta1, beta2, eps, weight_decay, amsgrad, maximize, coef_p,
-                                         at::cuda::getCurrentCUDAStream(device.index()).stream());
+                                         lr_p, beta1, beta2, eps, weight_decay, amsgrad, maximize, coef_p, stream);
     } else
 #endif
     {
         use_torch_cpu_threads();
-        status = opsmith_adamw_step_cpu((int64_t)n, numels.data(), pdt, gdt, p.data(), g.data(), m.data(), v.data(),
+        status = increment_steps ? opsmith_adamw_increment_steps_cpu((int64_t)n, s.data()) : OPSMITH_STATUS_SUCCESS;
+        if (status == OPSMITH_STATUS_SUCCESS)
+            status = opsmith_adamw_step_cpu((int64_t)n, numels.data(), pdt, gdt, p.data(), g.data(), m.data(), v.data(),
                                         amsgrad ? x.data() : nullptr, w.empty() ? nullptr : w.data(), s.data(), lr,
                                         lr_p, beta1, beta2, eps, weight_decay, amsgrad, maximize, coef_p);
     }
@@ -228,6 +236,50 @@ std::tuple<at::Tensor, at::Tensor> adamw_grad_norm(at::TensorList grads, double 
     return {out, coef};
 }
 
+#if !OPSMITH_ROUTE_A
+namespace {
+
+void refuse_grad_mode(at::TensorList params) {
+    if (!at::GradMode::is_enabled()) return;
+    for (size_t i = 0; i < params.size(); i++)
+        TORCH_CHECK(!params[i].requires_grad(), "adamw_step_: params[", text((int64_t)i),
+                    "] requires grad and grad mode is on: an optimizer step is not differentiable; call it under "
+                    "torch.no_grad() (as torch.optim optimizers do)");
+}
+
+void bump_versions(at::TensorList list) {
+    for (const at::Tensor &t : list) torch::autograd::increment_version(t);
+}
+
+} // namespace
+
+void adamw_step_autograd(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
+                         at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs, at::TensorList master_params,
+                         at::TensorList steps, double lr, const std::optional<at::Tensor> &lr_tensor, double beta1,
+                         double beta2, double eps, double weight_decay, bool amsgrad, bool maximize,
+                         const std::optional<at::Tensor> &clip_coef, bool increment_steps) {
+    refuse_grad_mode(params);
+    {
+        at::AutoDispatchBelowADInplaceOrView below_autograd;
+        static const auto op = c10::Dispatcher::singleton()
+                                   .findSchemaOrThrow("opsmith::adamw_step_", "")
+                                   .typed<decltype(adamw_step_autograd)>();
+        op.call(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, master_params, steps, lr, lr_tensor, beta1,
+                beta2, eps, weight_decay, amsgrad, maximize, clip_coef, increment_steps);
+    }
+    for (at::TensorList l : {params, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, master_params}) bump_versions(l);
+    if (increment_steps) bump_versions(steps);
+}
+
+std::tuple<at::Tensor, at::Tensor> adamw_grad_norm_autograd(at::TensorList grads, double max_norm) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    static const auto op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow("opsmith::adamw_grad_norm", "")
+                               .typed<decltype(adamw_grad_norm_autograd)>();
+    return op.call(grads, max_norm);
+}
+#endif
+
 } // namespace opsmith
 
 #if OPSMITH_ROUTE_A
@@ -240,14 +292,16 @@ OPSMITH_PYBIND(adamw) {
            std::vector<at::Tensor> exp_avg_sqs, std::vector<at::Tensor> max_exp_avg_sqs,
            std::vector<at::Tensor> master_params, std::vector<at::Tensor> steps, double lr,
            std::optional<at::Tensor> lr_tensor, double beta1, double beta2, double eps, double weight_decay,
-           bool amsgrad, bool maximize, std::optional<at::Tensor> clip_coef) {
+           bool amsgrad, bool maximize, std::optional<at::Tensor> clip_coef, bool increment_steps) {
             opsmith::adamw_step_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, master_params, steps, lr,
-                                 lr_tensor, beta1, beta2, eps, weight_decay, amsgrad, maximize, clip_coef);
+                                 lr_tensor, beta1, beta2, eps, weight_decay, amsgrad, maximize, clip_coef,
+                                 increment_steps);
         },
         "AdamW multi-tensor step, in place", py::arg("params"), py::arg("grads"), py::arg("exp_avgs"),
         py::arg("exp_avg_sqs"), py::arg("max_exp_avg_sqs"), py::arg("master_params"), py::arg("steps"),
         py::arg("lr"), py::arg("lr_tensor"), py::arg("beta1"), py::arg("beta2"), py::arg("eps"),
-        py::arg("weight_decay"), py::arg("amsgrad"), py::arg("maximize"), py::arg("clip_coef"));
+        py::arg("weight_decay"), py::arg("amsgrad"), py::arg("maximize"), py::arg("clip_coef"),
+        py::arg("increment_steps") = false);
     m.def(
         "adamw_grad_norm",
         [](std::vector<at::Tensor> grads, double max_norm) { return opsmith::adamw_grad_norm(grads, max_norm); },
@@ -259,9 +313,9 @@ OPSMITH_PYBIND(adamw) {
 TORCH_LIBRARY_FRAGMENT(opsmith, m) {
     m.set_python_module("opsmith.ops.adamw");
     m.def("adamw_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, Tensor(c!)[] exp_avg_sqs, "
-          "Tensor(d!)[] max_exp_avg_sqs, Tensor(e!)[] master_params, Tensor[] steps, float lr, Tensor? lr_tensor, "
-          "float beta1, float beta2, float eps, float weight_decay, bool amsgrad, bool maximize, "
-          "Tensor? clip_coef) -> ()");
+          "Tensor(d!)[] max_exp_avg_sqs, Tensor(e!)[] master_params, Tensor(f!)[] steps, float lr, "
+          "Tensor? lr_tensor, float beta1, float beta2, float eps, float weight_decay, bool amsgrad, bool maximize, "
+          "Tensor? clip_coef, bool increment_steps=False) -> ()");
     m.def("adamw_grad_norm(Tensor[] grads, float max_norm) -> (Tensor norm, Tensor clip_coef)");
 }
 
@@ -276,5 +330,15 @@ TORCH_LIBRARY_IMPL(opsmith, CUDA, m) {
     m.impl("adamw_grad_norm", &opsmith::adamw_grad_norm);
 }
 #endif
+
+// Unboxed Autograd kernels: without them every call goes through PyTorch's
+// boxed autograd and ADInplaceOrView fallbacks, which convert each tensor of
+// every list to an IValue (most of the host time of a step over thousands
+// of tensors). An optimizer update has no gradient; the mutated tensors get
+// their version bumped, as any in-place op does.
+TORCH_LIBRARY_IMPL(opsmith, Autograd, m) {
+    m.impl("adamw_step_", &opsmith::adamw_step_autograd);
+    m.impl("adamw_grad_norm", &opsmith::adamw_grad_norm_autograd);
+}
 
 #endif // route B

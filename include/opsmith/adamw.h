@@ -29,7 +29,7 @@
  * NULL (every entry non-NULL otherwise; only for 16-bit params). steps[t]
  * points at one float, the step count of tensor t (what torch keeps in
  * state['step']), read, never written: the caller increments it before the
- * step. Tensors of one role never overlap each other or another role.
+ * step (opsmith_adamw_increment_steps_*: one pass over the list). Tensors of one role never overlap each other or another role.
  *
  * Device scalars, so a CUDA graph can capture a whole training step: lr is
  * read from *lr_tensor when lr_tensor is non-NULL (else the lr argument is
@@ -47,8 +47,17 @@ extern "C" {
 #endif
 
 /* Elements one chunk of the multi-tensor launch covers: the unit of work of
- * a CUDA block and of a CPU thread, and of the norm's partial sums. */
-#define OPSMITH_ADAMW_CHUNK 65536
+ * a CUDA block and of a CPU thread, and of the norm's partial sums. Small
+ * enough that a launch over thousands of small tensors spreads over every
+ * SM instead of waiting on the one block of its largest tensor. */
+#define OPSMITH_ADAMW_CHUNK 8192
+
+/* Adds 1 to *steps[t] for every t < count (the step counts, before a step):
+ * what torch does with _foreach_add_(state_steps, 1), in one pass (CUDA: a
+ * launch per few thousand counters, no host synchronisation). */
+OPSMITH_API opsmith_status opsmith_adamw_increment_steps_cpu(int64_t count, float *const *steps);
+OPSMITH_API opsmith_status opsmith_adamw_increment_steps_cuda(int64_t count, float *const *steps,
+                                                              opsmith_cuda_stream stream);
 
 OPSMITH_API opsmith_status opsmith_adamw_step_cpu(
     int64_t count, const int64_t *numels, opsmith_dtype param_dtype, opsmith_dtype grad_dtype,

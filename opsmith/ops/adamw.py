@@ -27,7 +27,7 @@ def adamw_step(params: Sequence[Tensor], grads: Sequence[Tensor], exp_avgs: Sequ
                amsgrad: bool = False, maximize: bool = False,
                max_exp_avg_sqs: Optional[Sequence[Tensor]] = None,
                master_params: Optional[Sequence[Tensor]] = None,
-               clip_coef: Optional[Tensor] = None) -> None:
+               clip_coef: Optional[Tensor] = None, increment_steps: bool = False) -> None:
     """One AdamW step over lists of tensors, in place, in one multi-tensor
     launch (a handful for thousands of tensors): torch.optim.AdamW's update
     (decoupled weight decay, bias correction from each tensor's step count).
@@ -36,7 +36,9 @@ def adamw_step(params: Sequence[Tensor], grads: Sequence[Tensor], exp_avgs: Sequ
     bfloat16 or float16 (one dtype per list), only read; exp_avgs,
     exp_avg_sqs, max_exp_avg_sqs (amsgrad) and master_params: float32.
     steps: one float32 scalar tensor per param on its device, the step count
-    AFTER this step's increment (the caller increments, as torch does).
+    AFTER this step's increment: the caller increments them, as torch does,
+    or passes increment_steps=True and the op adds 1 to each first (in the
+    same call: no separate pass over the list).
     master_params (16-bit params): the update runs on the float32 masters
     and the params receive the rounded masters. lr may be a float32 scalar
     tensor on the params' device; clip_coef, a float32 scalar tensor that
@@ -47,7 +49,7 @@ def adamw_step(params: Sequence[Tensor], grads: Sequence[Tensor], exp_avgs: Sequ
           list(max_exp_avg_sqs) if amsgrad and max_exp_avg_sqs is not None else [],
           list(master_params) if master_params is not None else [], list(steps),
           lr_f, lr_t, float(beta1), float(beta2), float(eps), float(weight_decay), bool(amsgrad), bool(maximize),
-          clip_coef)
+          clip_coef, bool(increment_steps))
 
 
 def adamw_grad_norm(grads: Sequence[Tensor], max_norm: float) -> Tuple[Tensor, Tensor]:
@@ -61,7 +63,7 @@ def adamw_grad_norm(grads: Sequence[Tensor], max_norm: float) -> Tuple[Tensor, T
 
 @torch.library.register_fake("opsmith::adamw_step_")
 def _adamw_step_fake(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, master_params, steps, lr, lr_tensor,
-                     beta1, beta2, eps, weight_decay, amsgrad, maximize, clip_coef):
+                     beta1, beta2, eps, weight_decay, amsgrad, maximize, clip_coef, increment_steps=False):
     n = len(params)
     for name, lst in (("grads", grads), ("exp_avgs", exp_avgs), ("exp_avg_sqs", exp_avg_sqs), ("steps", steps)):
         torch._check(len(lst) == n, lambda: f"adamw_step_: {name} must have one tensor per param ({n}), got {len(lst)}")
@@ -79,14 +81,14 @@ def _adamw_grad_norm_fake(grads, max_norm):
 
 def adamw_step_pybind(params, grads, exp_avgs, exp_avg_sqs, steps, *, lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8,
                       weight_decay=1e-2, amsgrad=False, maximize=False, max_exp_avg_sqs=None, master_params=None,
-                      clip_coef=None) -> None:
+                      clip_coef=None, increment_steps=False) -> None:
     """adamw_step through route A (pybind11): the same bridge and kernels."""
     lr_f, lr_t = _lr_args(lr)
     route_a().adamw_step_(list(params), list(grads), list(exp_avgs), list(exp_avg_sqs),
                           list(max_exp_avg_sqs) if amsgrad and max_exp_avg_sqs is not None else [],
                           list(master_params) if master_params is not None else [], list(steps),
                           lr_f, lr_t, float(beta1), float(beta2), float(eps), float(weight_decay), bool(amsgrad),
-                          bool(maximize), clip_coef)
+                          bool(maximize), clip_coef, bool(increment_steps))
 
 
 def adamw_grad_norm_pybind(grads, max_norm):

@@ -334,6 +334,41 @@ static void test_errors(void) {
 #endif
 }
 
+/* increment_steps adds exactly 1 to every counter, also past one CUDA
+ * launch's table (3840 counters), and refuses NULL entries */
+static void test_increment_steps(int cuda) {
+    enum { N = 9000 };
+    float *host = xmalloc(N * sizeof(float));
+    float **ptrs = xmalloc(N * sizeof(float *));
+    for (int i = 0; i < N; i++) host[i] = (float)(i % 97) + 0.5f;
+    if (!cuda) {
+        for (int i = 0; i < N; i++) ptrs[i] = host + i;
+        CHECK(opsmith_adamw_increment_steps_cpu(N, ptrs) == OPSMITH_STATUS_SUCCESS, "cpu increment: %s",
+              opsmith_last_error());
+        ptrs[5] = NULL;
+        CHECK(opsmith_adamw_increment_steps_cpu(N, ptrs) == OPSMITH_STATUS_INVALID_ARGUMENT &&
+                  strstr(opsmith_last_error(), "steps[5] is NULL"),
+              "cpu increment: a NULL counter must be refused, got '%s'", opsmith_last_error());
+    }
+#if TEST_CUDA
+    else {
+        float *dev = NULL;
+        CHECK(cudaMalloc((void **)&dev, N * sizeof(float)) == cudaSuccess, "cudaMalloc");
+        cudaMemcpy(dev, host, N * sizeof(float), cudaMemcpyHostToDevice);
+        for (int i = 0; i < N; i++) ptrs[i] = dev + i;
+        CHECK(opsmith_adamw_increment_steps_cuda(N, ptrs, NULL) == OPSMITH_STATUS_SUCCESS, "cuda increment: %s",
+              opsmith_last_error());
+        cudaMemcpy(host, dev, N * sizeof(float), cudaMemcpyDeviceToHost);
+        cudaFree(dev);
+    }
+#endif
+    int bad = 0;
+    for (int i = 0; i < N; i++) bad += host[i] != (float)(i % 97) + 1.5f;
+    CHECK(bad == 0, "%s increment: %d of %d counters not advanced by exactly 1", cuda ? "cuda" : "cpu", bad, N);
+    free(host);
+    free(ptrs);
+}
+
 /* thread counts do not change the bits of the norm or the step */
 static void test_threads(void) {
     mode md = {OPSMITH_DTYPE_F32, OPSMITH_DTYPE_BF16, 0, 1, 0, 0.1, 1, 0, 0};
@@ -368,6 +403,9 @@ HARNESS_GROUP(test_adamw) {
     cuda = adamw_cuda_present();
     if (!cuda) printf("skipping CUDA adamw cases: no device\n");
 #endif
+    test_increment_steps(0);
+    if (cuda) test_increment_steps(1);
+    else harness_skip(1);
     uint64_t seed = 1;
     for (size_t a = 0; a < sizeof pm / sizeof pm[0]; a++)
         for (size_t b = 0; b < 2; b++)
