@@ -178,7 +178,7 @@ __global__ void rows_kernel(int64_t rows, int64_t n, const T *x, int64_t xs, con
  * cluster barrier that follows every CTA's reads (the target's logit is
  * read before it). */
 template <typename T, typename A, int CTAS>
-__global__ void __launch_bounds__(kSliceThreads, 2)
+__global__ void __launch_bounds__(kSliceThreads, kSliceMinBlocks)
 rows_slice_kernel(int64_t rows, int64_t n, const T *x, int64_t xs, const int64_t *__restrict__ tg, int64_t ts,
                   const A *__restrict__ w, int64_t ignore, Opts<A> o, int reduction, A *__restrict__ ws,
                   A *__restrict__ lse_out, T *dl, int64_t dls, int64_t *__restrict__ error) {

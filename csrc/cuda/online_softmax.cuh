@@ -234,6 +234,8 @@ __device__ __forceinline__ void cluster_wait() {
  * portable cluster of 8, then the largest slice a CTA may hold; beyond
  * that (or without clusters, or unaligned rows) the streaming kernels. */
 constexpr int kSliceThreads = 512;
+/* three 512-thread CTAs an SM: at most 42 registers a thread */
+constexpr int kSliceMinBlocks = 3;
 constexpr int64_t kSliceBytes = 72 * 1024;
 
 /* the CTA's packs [p0, p1) of a row of `packs` packs */

@@ -61,7 +61,7 @@ __global__ void fwd_kernel(int64_t n, const T *x, int64_t xs, bool lg, T *y, int
  * last CTA also takes the tail (n % VEC) from global memory. y = x is safe:
  * a CTA writes only its own slice, after its reads. */
 template <typename T, typename A, int CTAS>
-__global__ void __launch_bounds__(kSliceThreads, 2)
+__global__ void __launch_bounds__(kSliceThreads, kSliceMinBlocks)
 fwd_slice_kernel(int64_t n, const T *x, int64_t xs, bool lg, T *y, int64_t ys) {
     extern __shared__ __align__(16) unsigned char slice_smem[];
     Pack<T> *buf = reinterpret_cast<Pack<T> *>(slice_smem);
@@ -151,7 +151,7 @@ __global__ void bwd_kernel(int64_t n, const T *g, int64_t gs, const T *__restric
  * over the cluster in rank order, dx written from shared memory. dx = dy
  * is safe: a CTA writes only its own slice, after its reads. */
 template <typename T, typename A, int CTAS>
-__global__ void __launch_bounds__(kSliceThreads, 2)
+__global__ void __launch_bounds__(kSliceThreads, kSliceMinBlocks)
 bwd_slice_kernel(int64_t n, const T *g, int64_t gs, const T *__restrict__ y, int64_t ys, bool lg, T *dx, int64_t dxs) {
     extern __shared__ __align__(16) unsigned char slice_smem[];
     __shared__ A scratch[32], part[1];
