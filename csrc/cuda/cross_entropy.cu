@@ -192,8 +192,9 @@ rows_slice_kernel(int64_t rows, int64_t n, const T *x, int64_t xs, const int64_t
     const int64_t packs = n / V, body = packs * V;
     int64_t p0, p1;
     slice_of<CTAS>(packs, rank, p0, p1);
-    for (int64_t j = p0 + threadIdx.x; j < p1; j += blockDim.x) cp_async16(buf + (j - p0), xr + j * V);
-    cp_async_commit();
+    Pack<T> *const bufs[1] = {buf};
+    const T *const srcs[1] = {xr};
+    const int64_t half = slice_load<T, 1>(bufs, srcs, p0, p1);
 
     const int64_t t = tg[r * ts];
     const bool ignored = t == ignore, bad = !ignored && (t < 0 || t >= n);
@@ -208,8 +209,10 @@ rows_slice_kernel(int64_t rows, int64_t n, const T *x, int64_t xs, const int64_t
 
     RowStat<A> st;
     A wy = 0;
-    cp_async_wait<0>(); /* this thread's packs have landed; it reads only those */
-    for (int64_t j = p0 + threadIdx.x; j < p1; j += blockDim.x) {
+    cp_async_wait<1>(); /* the first half of this thread's packs (slice_load) */
+    int64_t it = 0;
+    for (int64_t j = p0 + threadIdx.x; j < p1; j += blockDim.x, it++) {
+        if (it == half) cp_async_wait<0>(); /* the rest */
         const Pack<T> p = buf[j - p0];
         A y[V];
 #pragma unroll

@@ -246,6 +246,30 @@ template <int CTAS> __device__ __forceinline__ void slice_of(int64_t packs, int 
     if (p1 < p0) p1 = p0;
 }
 
+/* Issues this thread's copies of its slice's packs (j = p0 + threadIdx.x,
+ * stepping by blockDim.x) of `tensors` rows into bufs, in two cp.async
+ * groups: the first `half` packs, then the rest. The reader waits for the
+ * first group (cp_async_wait<1>) before its loop and for the rest
+ * (cp_async_wait<0>) at pack number `half`, so the math on the first half
+ * overlaps the second half's loads. Each thread reads back only its own
+ * packs: no barrier. Returns half. */
+template <typename T, int TENSORS>
+__device__ __forceinline__ int64_t slice_load(Pack<T> *const (&bufs)[TENSORS], const T *const (&rows)[TENSORS],
+                                              int64_t p0, int64_t p1) {
+    constexpr int V = Pack<T>::VEC;
+    const int64_t first = p0 + threadIdx.x;
+    const int64_t mine = first < p1 ? (p1 - first + blockDim.x - 1) / blockDim.x : 0;
+    const int64_t half = (mine + 1) / 2;
+    int64_t it = 0;
+    for (int64_t j = first; j < p1; j += blockDim.x, it++) {
+#pragma unroll
+        for (int q = 0; q < TENSORS; q++) cp_async16(bufs[q] + (j - p0), rows[q] + j * V);
+        if (it + 1 == half) cp_async_commit();
+    }
+    cp_async_commit();
+    return half;
+}
+
 /* kernels[i] is the kernel for clusters of 1 << i CTAs (i < 4). grid == 0:
  * no on-chip plan (take the streaming kernel). */
 inline Launch slice_launch(const void *const kernels[4], int64_t rows, int64_t packs, int tensors) {

@@ -73,14 +73,17 @@ fwd_slice_kernel(int64_t n, const T *x, int64_t xs, bool lg, T *y, int64_t ys) {
     T *yr = y + r * ys;
     int64_t p0, p1;
     slice_of<CTAS>(packs, rank, p0, p1);
-    for (int64_t j = p0 + threadIdx.x; j < p1; j += blockDim.x) cp_async16(buf + (j - p0), xr + j * V);
-    cp_async_commit();
+    Pack<T> *const bufs[1] = {buf};
+    const T *const srcs[1] = {xr};
+    const int64_t half = slice_load<T, 1>(bufs, srcs, p0, p1);
     const int64_t ti = body + threadIdx.x;
     const bool tail = rank == CTAS - 1 && ti < n;
     const A x_tail = tail ? to_acc(xr[ti]) : A(0);
     RowStat<A> st;
-    cp_async_wait<0>(); /* this thread's packs have landed; it reads only those */
-    for (int64_t j = p0 + threadIdx.x; j < p1; j += blockDim.x) {
+    cp_async_wait<1>(); /* the first half of this thread's packs (slice_load) */
+    int64_t it = 0;
+    for (int64_t j = p0 + threadIdx.x; j < p1; j += blockDim.x, it++) {
+        if (it == half) cp_async_wait<0>(); /* the rest */
         const Pack<T> p = buf[j - p0];
         A v[V];
 #pragma unroll
@@ -163,17 +166,17 @@ bwd_slice_kernel(int64_t n, const T *g, int64_t gs, const T *__restrict__ y, int
     int64_t p0, p1;
     slice_of<CTAS>(packs, rank, p0, p1);
     Pack<T> *gb = reinterpret_cast<Pack<T> *>(slice_smem), *yb = gb + (p1 - p0);
-    for (int64_t j = p0 + threadIdx.x; j < p1; j += blockDim.x) {
-        cp_async16(gb + (j - p0), gr + j * V);
-        cp_async16(yb + (j - p0), yr + j * V);
-    }
-    cp_async_commit();
+    Pack<T> *const bufs[2] = {gb, yb};
+    const T *const srcs[2] = {gr, yr};
+    const int64_t half = slice_load<T, 2>(bufs, srcs, p0, p1);
     const int64_t ti = body + threadIdx.x;
     const bool tail = rank == CTAS - 1 && ti < n;
     const A g_tail = tail ? to_acc(gr[ti]) : A(0), y_tail = tail ? to_acc(yr[ti]) : A(0);
     A s = tail ? (lg ? g_tail : g_tail * y_tail) : A(0);
-    cp_async_wait<0>();
-    for (int64_t j = p0 + threadIdx.x; j < p1; j += blockDim.x) {
+    cp_async_wait<1>(); /* the first half of this thread's packs (slice_load) */
+    int64_t it = 0;
+    for (int64_t j = p0 + threadIdx.x; j < p1; j += blockDim.x, it++) {
+        if (it == half) cp_async_wait<0>(); /* the rest */
         const Pack<T> pg = gb[j - p0], py = yb[j - p0];
 #pragma unroll
         for (int k = 0; k < V; k++) s += lg ? to_acc(pg.v[k]) : to_acc(pg.v[k]) * to_acc(py.v[k]);
