@@ -107,6 +107,9 @@ template <> struct Ex<double> {
     __device__ static __forceinline__ double log_sum(double s, double, double) { return log(s); }
 };
 
+__device__ __forceinline__ float fmax_acc(float a, float b) { return fmaxf(a, b); }
+__device__ __forceinline__ double fmax_acc(double a, double b) { return fmax(a, b); }
+
 /* A running (max m, its shift M, sum s of term(y, M)) over part of a row.
  * -inf elements (masked logits) add nothing; a NaN anywhere makes s NaN
  * (so every output of the row NaN, as PyTorch); an all -inf row keeps
@@ -118,9 +121,10 @@ template <typename A> struct RowStat {
 
     /* V values: their max first, so the running sum is rescaled once */
     template <int V> __device__ __forceinline__ void add(const A (&y)[V]) {
+        /* fmax skips a NaN (one FMNMX; the NaN reaches s through its term) */
         A pm = neg_inf<A>();
 #pragma unroll
-        for (int k = 0; k < V; k++) pm = y[k] > pm ? y[k] : pm;
+        for (int k = 0; k < V; k++) pm = fmax_acc(pm, y[k]);
         if (pm > m) {
             const A Mn = Ex<A>::shift(pm);
             s *= Ex<A>::ratio(M, Mn);
