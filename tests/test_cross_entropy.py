@@ -122,6 +122,39 @@ def test_wide_rows(device):
         assert_grad_close(xg.grad, xd.grad, torch.bfloat16, "dlogits")
 
 
+# CUDA's plans: a row a CTA in shared memory up to ~72 KB, clusters of 2, 4, 8
+# CTAs for wider rows (bf16 128256: 4; 262144: 8; float64 262144: too wide, the
+# streaming kernel), odd widths (one row: the on-chip kernel's tail; more: the
+# streaming kernel), float32 logits scaled by 1e4 (the gradient's
+# p = exp(y - max) / sum), every option PyTorch has, masked logits.
+@CUDA
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("rows,n,scale,masked", [
+    (4, 128256, 3.0, False), (2, 262144, 3.0, True), (1, 128257, 3.0, False), (3, 32000, 3.0, False),
+    (9, 16384, 3.0, True), (14, 15631, 1e4, False), (3, 128256, 1e4, False),
+], ids=str)
+def test_cuda_on_chip_plans(dtype, rows, n, scale, masked):
+    if scale > 100 and dtype in (torch.float16, torch.bfloat16):
+        pytest.skip("logits scaled by 1e4: float32 and float64")
+    x, t, w = make(rows, n, dtype, "cuda", ignore_frac=0.25 if rows > 3 else 0.0, seed=n + rows, scale=scale)
+    if masked:
+        x[:, 3::7] = -float("inf")
+        x[torch.arange(rows, device="cuda"), t.clamp(min=0)] = 1.0  # the target's logit stays finite
+    for weighted, ls, reduction in ((False, 0.0, "mean"), (True, 0.1, "sum"), (False, 0.0, "none")):
+        if masked and ls > 0:
+            continue  # smoothing over -inf logits is inf, as PyTorch
+        kw = dict(reduction=reduction, label_smoothing=ls)
+        what = f"{dtype} {rows}x{n} scale={scale} masked={masked} weighted={weighted} ls={ls} {reduction}"
+        xg = x.clone().requires_grad_()
+        loss = cross_entropy(xg, t, w if weighted else None, **kw)
+        ref, xd = torch_reference(x, t, w if weighted else None, **kw)
+        assert_close(loss, ref, dtype, what + " loss")
+        g = torch.randn(ref.shape, dtype=torch.float64).to("cuda") if reduction == "none" else torch.tensor(1.0, dtype=torch.float64, device="cuda")
+        (dx,) = torch.autograd.grad(loss, [xg], g.to(dtype))
+        (dref,) = torch.autograd.grad(ref, [xd], g.to(dtype).double())
+        assert_grad_close(dx, dref, dtype, what + " dlogits")
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_shapes_and_layouts(device):
     x, t, w = make(24, 66, torch.float32, device)

@@ -86,6 +86,38 @@ def test_masked_rows(device):
         assert_close(y[:2], ref[:2], torch.float32, name)
 
 
+# CUDA's plans: a row a CTA in shared memory up to ~72 KB, clusters of 2, 4, 8
+# CTAs for wider rows (bf16 128256: 4 forward, 8 backward; float64 262144: too
+# wide, the streaming kernel), odd widths (rows unaligned past the first: the
+# streaming kernel; one row: the on-chip kernel's tail), float32 logits scaled
+# by 1e4 (y = exp(x - max) / sum: the error must stay at float32's 1e-5), masked
+# entries. float64 references; outputs poisoned first.
+@CUDA
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("rows,n,scale,masked", [
+    (4, 128256, 3.0, False), (2, 262144, 3.0, True), (1, 128257, 3.0, False), (3, 128257, 3.0, False),
+    (9, 16384, 3.0, False), (64, 1024, 3.0, True), (14, 15631, 1e4, False), (3, 128256, 1e4, False),
+    (2042, 237, 1e4, False),
+], ids=str)
+def test_cuda_on_chip_plans(dtype, rows, n, scale, masked):
+    if scale > 100 and dtype in (torch.float16, torch.bfloat16):
+        pytest.skip("logits scaled by 1e4: float32 and float64")
+    g = torch.Generator().manual_seed(n + rows)
+    x = (torch.rand(rows, n, generator=g, dtype=torch.float64) * 4 - 2) * scale
+    if masked:
+        x[:, 3::7] = -math.inf
+    x = x.to(dtype).cuda().requires_grad_()
+    dy = torch.randn(rows, n, generator=g).to(dtype).cuda()
+    for name, (ours, theirs) in FNS.items():
+        y = ours(x)
+        xd = x.detach().double().requires_grad_()
+        ref = theirs(xd, -1)
+        assert_close(y, ref, dtype, f"{name} y")
+        (dx,) = torch.autograd.grad(y, [x], dy)
+        (dref,) = torch.autograd.grad(ref, [xd], dy.double())
+        assert_close(dx, dref, dtype, f"{name} dx")
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_errors_name_the_argument(device):
     with pytest.raises(RuntimeError, match=r"^softmax: x must be float64, float32, float16 or bfloat16, got Int"):

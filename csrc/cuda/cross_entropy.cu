@@ -2,19 +2,25 @@
  * the host (so the forward and backward capture in a CUDA graph):
  *   1. prep (one block): the mean's denominator (sum of w[t] over the rows
  *      not ignored) and W = sum_c w[c], into the workspace;
- *   2. rows (a block a row, streaming through it): sweep 1 reads the row
- *      once for the online max and exponential sum (and the weighted logit
- *      sum when smoothing), in 16-byte packs with a scalar tail (scalar
- *      throughout where the row start is not 16-byte aligned); sweep 2 -
- *      the fused training path - reads it again, from L2 where it still
- *      is, and writes the gradient of the reduced loss (over the logits
- *      when dlogits is logits: each element is read before it is written,
- *      by the same thread);
+ *   2. rows: for 16-byte aligned rows that fit on chip, the row is loaded
+ *      once into the shared memory of a thread-block cluster (one CTA for
+ *      rows up to ~72 KB, up to 8 for wider; online_softmax.cuh), reduced
+ *      (max, exponential sum; the weighted logit sum when smoothing), the
+ *      partials exchanged through distributed shared memory, and - the
+ *      fused training path - the gradient of the reduced loss written from
+ *      shared memory: logits read once, gradient written once. Otherwise
+ *      (unaligned rows, rows too wide, no clusters) a block a row streams
+ *      through it: sweep 1 for the statistics (16-byte packs with a scalar
+ *      tail), sweep 2 reads the row again (from L2 where it still is) for
+ *      the gradient. Either way over the logits when dlogits is logits:
+ *      each element is read before it is written;
  *   3. finish (one block): the reduced loss and z-loss in a fixed order
  *      (deterministic), or the per-row values for reduction none.
  * A target out of range sets the device-side error flag (row, value) and
  * makes that row's loss and gradient NaN. Arithmetic in Acc (double for
- * f64, float otherwise). Formulas in include/opsmith/cross_entropy.h. */
+ * f64, float otherwise); exponentials as RowStat/RowNorm take them (one
+ * FMA and ex2 an element in float). Formulas in
+ * include/opsmith/cross_entropy.h. */
 #include "common.cuh"
 #include "online_softmax.cuh"
 #include "internal/cross_entropy.h"
@@ -53,12 +59,63 @@ prep_kernel(int64_t rows, int64_t n, const int64_t *__restrict__ tg, int64_t ts,
     if (threadIdx.x == 0) ws[2 * rows] = d, ws[2 * rows + 1] = ww;
 }
 
+/* What a row's threads share once its statistics are final: the loss
+ * (written by one thread) and each element's gradient of the reduced loss. */
+template <typename A> struct RowGrad {
+    RowNorm<A> nr;
+    A coef, tcoef, sm, fill;
+    int64_t t;
+    bool zero;
+    const A *w;
+    Opts<A> o;
+    __device__ __forceinline__ A operator()(A v, int64_t c) const {
+        if (zero) return fill;
+        const A y = capped(v, o);
+        A g = nr.p(y) * coef - sm * (w ? w[c] : A(1));
+        if (c == t) g -= tcoef;
+        if (o.cap > A(0)) g *= A(1) - (y * o.inv_cap) * (y * o.inv_cap);
+        return g;
+    }
+};
+
+/* The row's loss, z-loss and lse (one thread), and its gradient's
+ * constants. y_t: the target's capped logit, read before any write. */
+template <typename A>
+__device__ __forceinline__ RowGrad<A> row_finish(const RowStat<A> &st, A wy, A y_t, int64_t r, int64_t rows,
+                                                 int64_t t, bool ignored, bool bad, const A *w, const Opts<A> &o,
+                                                 int reduction, A *ws, A *lse_out, int64_t *error, bool writer) {
+    const RowNorm<A> nr(st);
+    const A lse = nr.lse();
+    const bool smooth = o.ls_n > A(0);
+    const A W = ws[2 * rows + 1];
+    const A wt = ignored || bad ? A(0) : w ? w[t] : A(1);
+    if (writer) {
+        if (lse_out) lse_out[r] = lse;
+        A l = 0, zl = 0;
+        if (bad) {
+            l = zl = nan_acc<A>();
+            if (atomicCAS(reinterpret_cast<unsigned long long *>(error), 0ull, 1ull) == 0ull)
+                error[1] = r, error[2] = t;
+        } else if (!ignored) {
+            zl = o.z * lse * lse;
+            /* (m - y_t) + log_s: lse - y_t without lse's rounding */
+            l = o.one_m_ls * wt * ((nr.m - y_t) + nr.log_s) + zl;
+            if (smooth) l += o.ls_n * (W * lse - wy);
+        }
+        ws[r] = l, ws[rows + r] = zl;
+    }
+    const A scale = reduction == OPSMITH_CROSS_ENTROPY_REDUCTION_MEAN ? A(1) / ws[2 * rows] : A(1);
+    RowGrad<A> g{nr, (o.one_m_ls * wt + o.ls_n * W + A(2) * o.z * lse) * scale, o.one_m_ls * wt * scale,
+                 o.ls_n * scale, bad ? nan_acc<A>() : A(0), t, ignored || bad, w, o};
+    return g;
+}
+
 template <typename T, typename A, bool PACKED>
 __global__ void rows_kernel(int64_t rows, int64_t n, const T *x, int64_t xs, const int64_t *__restrict__ tg,
                             int64_t ts, const A *__restrict__ w, int64_t ignore, Opts<A> o, int reduction,
                             A *__restrict__ ws, A *__restrict__ lse_out, T *dl, int64_t dls,
                             int64_t *__restrict__ error) {
-    __shared__ A scratch[64];
+    __shared__ A scratch[96];
     constexpr int V = PACKED ? Pack<T>::VEC : 1;
     const int64_t r = blockIdx.x;
     const T *xr = x + r * xs;
@@ -71,18 +128,16 @@ __global__ void rows_kernel(int64_t rows, int64_t n, const T *x, int64_t xs, con
     A y_t = 0;
     if (threadIdx.x == 0 && !ignored && !bad) y_t = capped(to_acc(xr[t]), o);
 
-    /* sweep 1: online max and sum (and sum w y) */
-    A m = neg_inf<A>(), s = 0, wy = 0;
+    /* sweep 1: max and exponential sum (and sum w y), a pack at a time */
+    RowStat<A> st;
+    A wy = 0;
     if constexpr (PACKED) {
         for (int64_t i = (int64_t)threadIdx.x * V; i < body; i += (int64_t)blockDim.x * V) {
             const Pack<T> p = load_pack(xr + i);
-            A y[V], pm = neg_inf<A>();
+            A y[V];
 #pragma unroll
-            for (int k = 0; k < V; k++) y[k] = capped(to_acc(p.v[k]), o), pm = y[k] > pm ? y[k] : pm;
-            if (pm > m) s *= exp_acc(m - pm), m = pm;
-            if (m != neg_inf<A>()) /* else every y so far is -inf (masked): they add nothing */
-#pragma unroll
-                for (int k = 0; k < V; k++) s += exp_acc(y[k] - m);
+            for (int k = 0; k < V; k++) y[k] = capped(to_acc(p.v[k]), o);
+            st.add(y);
             if (smooth)
 #pragma unroll
                 for (int k = 0; k < V; k++) wy += (w ? w[i + k] : A(1)) * y[k];
@@ -90,45 +145,18 @@ __global__ void rows_kernel(int64_t rows, int64_t n, const T *x, int64_t xs, con
     }
     for (int64_t i = body + threadIdx.x; i < n; i += blockDim.x) {
         const A y = capped(to_acc(xr[i]), o);
-        online(m, s, y);
+        st.add1(y);
         if (smooth) wy += (w ? w[i] : A(1)) * y;
     }
-    block_max_sum(m, s, scratch);
-    const A lse = m + log_acc(s);
+    st.block_merge(scratch);
     if (smooth) wy = block_sum(wy, scratch);
-    const A W = ws[2 * rows + 1];
-    const A wt = ignored || bad ? A(0) : w ? w[t] : A(1);
-
-    if (threadIdx.x == 0) {
-        if (lse_out) lse_out[r] = lse;
-        A l = 0, zl = 0;
-        if (bad) {
-            l = zl = nan_acc<A>();
-            if (atomicCAS(reinterpret_cast<unsigned long long *>(error), 0ull, 1ull) == 0ull)
-                error[1] = r, error[2] = t;
-        } else if (!ignored) {
-            zl = o.z * lse * lse;
-            l = o.one_m_ls * wt * (lse - y_t) + zl;
-            if (smooth) l += o.ls_n * (W * lse - wy);
-        }
-        ws[r] = l, ws[rows + r] = zl;
-    }
+    const RowGrad<A> grad =
+        row_finish(st, wy, y_t, r, rows, t, ignored, bad, w, o, reduction, ws, lse_out, error, threadIdx.x == 0);
     if (!dl) return;
 
-    /* sweep 2: the gradient, scaled by the reduction */
+    /* sweep 2: the gradient, scaled by the reduction (the row again, from L2 while it is there) */
     T *d = dl + r * dls;
-    const A scale = reduction == OPSMITH_CROSS_ENTROPY_REDUCTION_MEAN ? A(1) / ws[2 * rows] : A(1);
-    const A coef = (o.one_m_ls * wt + o.ls_n * W + A(2) * o.z * lse) * scale, tcoef = o.one_m_ls * wt * scale;
-    const A sm = o.ls_n * scale, fill = bad ? nan_acc<A>() : A(0);
-    const bool zero = ignored || bad;
-    auto grad = [&](A v, int64_t c) -> A {
-        if (zero) return fill;
-        const A y = capped(v, o);
-        A g = exp_acc(y - lse) * coef - sm * (w ? w[c] : A(1));
-        if (c == t) g -= tcoef;
-        if (o.cap > A(0)) g *= A(1) - (y * o.inv_cap) * (y * o.inv_cap);
-        return g;
-    };
+    const bool zero = grad.zero;
     if constexpr (PACKED) {
         for (int64_t i = (int64_t)threadIdx.x * V; i < body; i += (int64_t)blockDim.x * V) {
             Pack<T> p;
@@ -140,6 +168,92 @@ __global__ void rows_kernel(int64_t rows, int64_t n, const T *x, int64_t xs, con
         }
     }
     for (int64_t i = body + threadIdx.x; i < n; i += blockDim.x) d[i] = from_acc<T>(grad(zero ? A(0) : to_acc(xr[i]), i));
+}
+
+/* The on-chip version (online_softmax.cuh, slice_launch): CTAS CTAs a row,
+ * each holding its slice of packs in shared memory; rows 16-byte aligned
+ * (the packed condition). The last CTA also takes the tail (n % VEC
+ * elements) straight from global memory, each element read and written by
+ * one thread. In place is safe: a CTA writes only its own slice, after the
+ * cluster barrier that follows every CTA's reads (the target's logit is
+ * read before it). */
+template <typename T, typename A, int CTAS>
+__global__ void __launch_bounds__(kSliceThreads, kSliceMinBlocks)
+rows_slice_kernel(int64_t rows, int64_t n, const T *x, int64_t xs, const int64_t *__restrict__ tg, int64_t ts,
+                  const A *__restrict__ w, int64_t ignore, Opts<A> o, int reduction, A *__restrict__ ws,
+                  A *__restrict__ lse_out, T *dl, int64_t dls, int64_t *__restrict__ error) {
+    extern __shared__ __align__(16) unsigned char slice_smem[];
+    Pack<T> *buf = reinterpret_cast<Pack<T> *>(slice_smem);
+    __shared__ A scratch[96], part[4];
+    constexpr int V = Pack<T>::VEC;
+    const int rank = cluster_rank<CTAS>();
+    const int64_t r = blockIdx.x / CTAS;
+    const T *xr = x + r * xs;
+    const int64_t packs = n / V, body = packs * V;
+    int64_t p0, p1;
+    slice_of<CTAS>(packs, rank, p0, p1);
+    Pack<T> *const bufs[1] = {buf};
+    const T *const srcs[1] = {xr};
+    const int64_t half = slice_load<T, 1>(bufs, srcs, p0, p1);
+
+    const int64_t t = tg[r * ts];
+    const bool ignored = t == ignore, bad = !ignored && (t < 0 || t >= n);
+    const bool smooth = o.ls_n > A(0);
+    const bool writer = rank == 0 && threadIdx.x == 0;
+    A y_t = 0;
+    if (writer && !ignored && !bad) y_t = capped(to_acc(xr[t]), o);
+    const int64_t ti = body + threadIdx.x; /* this thread's tail element, in the last CTA */
+    const bool tail = rank == CTAS - 1 && ti < n;
+    A y_tail = 0;
+    if (tail) y_tail = capped(to_acc(xr[ti]), o);
+
+    RowStat<A> st;
+    A wy = 0;
+    cp_async_wait<1>(); /* the first half of this thread's packs (slice_load) */
+    int64_t it = 0;
+    for (int64_t j = p0 + threadIdx.x; j < p1; j += blockDim.x, it++) {
+        if (it == half) cp_async_wait<0>(); /* the rest */
+        const Pack<T> p = buf[j - p0];
+        A y[V];
+#pragma unroll
+        for (int k = 0; k < V; k++) y[k] = capped(to_acc(p.v[k]), o);
+        st.add(y);
+        if (smooth)
+#pragma unroll
+            for (int k = 0; k < V; k++) wy += (w ? w[j * V + k] : A(1)) * y[k];
+    }
+    if (tail) {
+        st.add1(y_tail);
+        if (smooth) wy += (w ? w[ti] : A(1)) * y_tail;
+    }
+    st.block_merge(scratch);
+    if (smooth) wy = block_sum(wy, scratch);
+    if constexpr (CTAS > 1) {
+        /* every CTA merges the CTAs' partials in rank order: the same bits everywhere */
+        if (threadIdx.x == 0) part[0] = st.m, part[1] = st.M, part[2] = st.s, part[3] = wy;
+        cluster_barrier();
+        st = RowStat<A>(cluster_load(part, 0), cluster_load(part + 1, 0), cluster_load(part + 2, 0));
+        wy = cluster_load(part + 3, 0);
+#pragma unroll
+        for (int q = 1; q < CTAS; q++) {
+            st.merge(cluster_load(part, q), cluster_load(part + 1, q), cluster_load(part + 2, q));
+            wy += cluster_load(part + 3, q);
+        }
+        cluster_arrive_relaxed();
+    }
+    const RowGrad<A> grad = row_finish(st, wy, y_t, r, rows, t, ignored, bad, w, o, reduction, ws, lse_out, error, writer);
+    if (dl) {
+        T *d = dl + r * dls;
+        for (int64_t j = p0 + threadIdx.x; j < p1; j += blockDim.x) {
+            const Pack<T> p = buf[j - p0];
+            Pack<T> q;
+#pragma unroll
+            for (int k = 0; k < V; k++) q.v[k] = from_acc<T>(grad(to_acc(p.v[k]), j * V + k));
+            store_pack(d + j * V, q);
+        }
+        if (tail) d[ti] = from_acc<T>(grad(to_acc(xr[ti]), ti));
+    }
+    if constexpr (CTAS > 1) cluster_wait(); /* no CTA leaves while another may still read its partials */
 }
 
 /* the reduced loss and z-loss (or the per-row values, reduction none) */
@@ -189,6 +303,10 @@ __global__ void scale_kernel(int64_t n, const T *__restrict__ g, int64_t gs, con
     for (int64_t i = body + threadIdx.x; i < n; i += blockDim.x) out[i] = from_acc<T>(to_acc(in[i]) * s);
 }
 
+template <typename T, typename A>
+using SliceKernel = void (*)(int64_t, int64_t, const T *, int64_t, const int64_t *, int64_t, const A *, int64_t, Opts<A>,
+                             int, A *, A *, T *, int64_t, int64_t *);
+
 inline int threads_for(int64_t n, int vec) {
     const int64_t steps = (n + vec - 1) / vec;
     return steps >= 4096 ? 1024 : steps >= 1024 ? 512 : steps >= 256 ? 256 : 64;
@@ -213,7 +331,19 @@ opsmith_status fwd(int64_t rows, int64_t n, const void *x, int64_t xs, const int
         const bool packed = aligned16(x) && (rows == 1 || xs % vec == 0) &&
                             (!dl || (aligned16(dl) && (rows == 1 || dls % vec == 0)));
         const int threads = threads_for(n, packed ? vec : 1);
-        if (packed)
+        A *lp = static_cast<A *>(lse);
+        Launch l{nullptr, 0, 0, 0, 0, "streaming"};
+        if (packed) {
+            const void *const kernels[4] = {
+                reinterpret_cast<const void *>(rows_slice_kernel<T, A, 1>),
+                reinterpret_cast<const void *>(rows_slice_kernel<T, A, 2>),
+                reinterpret_cast<const void *>(rows_slice_kernel<T, A, 4>),
+                reinterpret_cast<const void *>(rows_slice_kernel<T, A, 8>)};
+            l = slice_launch(kernels, rows, n / vec, 1);
+        }
+        if (l.grid)
+            launch<SliceKernel<T, A>>(l, stream, rows, n, xp, xs, tg, ts, wp, ignore, o, red, ws, lp, dp, dls, error);
+        else if (packed)
             rows_kernel<T, A, true><<<(unsigned)rows, threads, 0, stream>>>(rows, n, xp, xs, tg, ts, wp, ignore, o, red,
                                                                            ws, static_cast<A *>(lse), dp, dls, error);
         else

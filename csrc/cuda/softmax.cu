@@ -1,11 +1,19 @@
-/* softmax and log_softmax on CUDA: a block a row, streaming through it.
- * Forward: sweep 1 reads the row once for the online max and exponential
- * sum (16-byte packs with a scalar tail; scalar throughout where the row
- * start is not 16-byte aligned), sweep 2 reads it again (from L2 for rows in
- * flight) and writes y. Backward: sweep 1 the row's dot product (sum dy y,
- * or sum dy for log_softmax), sweep 2 writes dx. Each element is read before
- * it is written, by the same thread, so y = x and dx = dy are safe. No host
- * synchronisation. Arithmetic in Acc (double for f64, float otherwise). */
+/* softmax and log_softmax on CUDA. For 16-byte aligned rows that fit on
+ * chip, the row is loaded once into the shared memory of a thread-block
+ * cluster (one CTA for rows up to ~72 KB, up to 8 for wider;
+ * online_softmax.cuh), reduced, the partials exchanged through distributed
+ * shared memory, and the outputs written from shared memory: forward x
+ * read once and y written once; backward dy and y read once, dx written
+ * once. Otherwise (unaligned rows, rows too wide, no clusters) a block a
+ * row streams through it: forward sweep 1 for the max and exponential sum
+ * (16-byte packs with a scalar tail), sweep 2 reads the row again (from L2
+ * for rows in flight) and writes y; backward sweep 1 the row's dot product
+ * (sum dy y, or sum dy for log_softmax), sweep 2 writes dx. Each element
+ * is read before it is written, by the same thread or CTA, so y = x and
+ * dx = dy are safe. y = exp(x - m) / sum and log y = (x - m) - log(sum)
+ * (RowNorm): no lse is formed, whose float32 rounding at |x| ~ 1e4 would
+ * be an error of y. No host synchronisation. Arithmetic in Acc (double for
+ * f64, float otherwise). */
 #include "common.cuh"
 #include "online_softmax.cuh"
 #include "internal/softmax.h"
@@ -15,43 +23,93 @@ namespace {
 
 template <typename T, typename A, bool PACKED>
 __global__ void fwd_kernel(int64_t n, const T *x, int64_t xs, bool lg, T *y, int64_t ys) {
-    __shared__ A scratch[64];
+    __shared__ A scratch[96];
     constexpr int V = PACKED ? Pack<T>::VEC : 1;
     const int64_t r = blockIdx.x, body = PACKED ? n / V * V : 0;
     const T *xr = x + r * xs;
     T *yr = y + r * ys;
-    A m = neg_inf<A>(), s = 0;
+    RowStat<A> st;
     if constexpr (PACKED) {
         for (int64_t i = (int64_t)threadIdx.x * V; i < body; i += (int64_t)blockDim.x * V) {
             const Pack<T> p = *reinterpret_cast<const Pack<T> *>(xr + i);
-            A pm = neg_inf<A>();
+            A v[V];
 #pragma unroll
-            for (int k = 0; k < V; k++) pm = to_acc(p.v[k]) > pm ? to_acc(p.v[k]) : pm;
-            if (pm > m) s *= exp_acc(m - pm), m = pm;
-            if (m != neg_inf<A>())
-#pragma unroll
-                for (int k = 0; k < V; k++) s += exp_acc(to_acc(p.v[k]) - m);
+            for (int k = 0; k < V; k++) v[k] = to_acc(p.v[k]);
+            st.add(v);
         }
     }
-    for (int64_t i = body + threadIdx.x; i < n; i += blockDim.x) online(m, s, to_acc(xr[i]));
-    block_max_sum(m, s, scratch);
-    const A lse = m + log_acc(s);
+    for (int64_t i = body + threadIdx.x; i < n; i += blockDim.x) st.add1(to_acc(xr[i]));
+    st.block_merge(scratch);
+    const RowNorm<A> nr(st);
     if constexpr (PACKED) {
         for (int64_t i = (int64_t)threadIdx.x * V; i < body; i += (int64_t)blockDim.x * V) {
             const Pack<T> p = *reinterpret_cast<const Pack<T> *>(xr + i);
             Pack<T> q;
 #pragma unroll
-            for (int k = 0; k < V; k++) {
-                const A v = to_acc(p.v[k]) - lse;
-                q.v[k] = from_acc<T>(lg ? v : exp_acc(v));
-            }
+            for (int k = 0; k < V; k++) q.v[k] = from_acc<T>(lg ? nr.logp(to_acc(p.v[k])) : nr.p(to_acc(p.v[k])));
             store_pack(yr + i, q);
         }
     }
     for (int64_t i = body + threadIdx.x; i < n; i += blockDim.x) {
-        const A v = to_acc(xr[i]) - lse;
-        yr[i] = from_acc<T>(lg ? v : exp_acc(v));
+        const A v = to_acc(xr[i]);
+        yr[i] = from_acc<T>(lg ? nr.logp(v) : nr.p(v));
     }
+}
+
+/* The on-chip forward (online_softmax.cuh, slice_launch): CTAS CTAs a row,
+ * each holding its slice of x in shared memory, y written from there; the
+ * last CTA also takes the tail (n % VEC) from global memory. y = x is safe:
+ * a CTA writes only its own slice, after its reads. */
+template <typename T, typename A, int CTAS>
+__global__ void __launch_bounds__(kSliceThreads, kSliceMinBlocks)
+fwd_slice_kernel(int64_t n, const T *x, int64_t xs, bool lg, T *y, int64_t ys) {
+    extern __shared__ __align__(16) unsigned char slice_smem[];
+    Pack<T> *buf = reinterpret_cast<Pack<T> *>(slice_smem);
+    __shared__ A scratch[96], part[3];
+    constexpr int V = Pack<T>::VEC;
+    const int rank = cluster_rank<CTAS>();
+    const int64_t r = blockIdx.x / CTAS, packs = n / V, body = packs * V;
+    const T *xr = x + r * xs;
+    T *yr = y + r * ys;
+    int64_t p0, p1;
+    slice_of<CTAS>(packs, rank, p0, p1);
+    Pack<T> *const bufs[1] = {buf};
+    const T *const srcs[1] = {xr};
+    const int64_t half = slice_load<T, 1>(bufs, srcs, p0, p1);
+    const int64_t ti = body + threadIdx.x;
+    const bool tail = rank == CTAS - 1 && ti < n;
+    const A x_tail = tail ? to_acc(xr[ti]) : A(0);
+    RowStat<A> st;
+    cp_async_wait<1>(); /* the first half of this thread's packs (slice_load) */
+    int64_t it = 0;
+    for (int64_t j = p0 + threadIdx.x; j < p1; j += blockDim.x, it++) {
+        if (it == half) cp_async_wait<0>(); /* the rest */
+        const Pack<T> p = buf[j - p0];
+        A v[V];
+#pragma unroll
+        for (int k = 0; k < V; k++) v[k] = to_acc(p.v[k]);
+        st.add(v);
+    }
+    if (tail) st.add1(x_tail);
+    st.block_merge(scratch);
+    if constexpr (CTAS > 1) {
+        if (threadIdx.x == 0) part[0] = st.m, part[1] = st.M, part[2] = st.s;
+        cluster_barrier();
+        st = RowStat<A>(cluster_load(part, 0), cluster_load(part + 1, 0), cluster_load(part + 2, 0));
+#pragma unroll
+        for (int q = 1; q < CTAS; q++) st.merge(cluster_load(part, q), cluster_load(part + 1, q), cluster_load(part + 2, q));
+        cluster_arrive_relaxed();
+    }
+    const RowNorm<A> nr(st);
+    for (int64_t j = p0 + threadIdx.x; j < p1; j += blockDim.x) {
+        const Pack<T> p = buf[j - p0];
+        Pack<T> q;
+#pragma unroll
+        for (int k = 0; k < V; k++) q.v[k] = from_acc<T>(lg ? nr.logp(to_acc(p.v[k])) : nr.p(to_acc(p.v[k])));
+        store_pack(yr + j * V, q);
+    }
+    if (tail) yr[ti] = from_acc<T>(lg ? nr.logp(x_tail) : nr.p(x_tail));
+    if constexpr (CTAS > 1) cluster_wait(); /* no CTA leaves while another may still read its partials */
 }
 
 template <typename T, typename A, bool PACKED>
@@ -91,6 +149,64 @@ __global__ void bwd_kernel(int64_t n, const T *g, int64_t gs, const T *__restric
     }
 }
 
+/* The on-chip backward: dy and y of the CTA's slice in shared memory (two
+ * tensors: the slice's dy packs, then its y packs), the dot product summed
+ * over the cluster in rank order, dx written from shared memory. dx = dy
+ * is safe: a CTA writes only its own slice, after its reads. */
+template <typename T, typename A, int CTAS>
+__global__ void __launch_bounds__(kSliceThreads, kSliceMinBlocks)
+bwd_slice_kernel(int64_t n, const T *g, int64_t gs, const T *__restrict__ y, int64_t ys, bool lg, T *dx, int64_t dxs) {
+    extern __shared__ __align__(16) unsigned char slice_smem[];
+    __shared__ A scratch[32], part[1];
+    constexpr int V = Pack<T>::VEC;
+    const int rank = cluster_rank<CTAS>();
+    const int64_t r = blockIdx.x / CTAS, packs = n / V, body = packs * V;
+    const T *gr = g + r * gs, *yr = y + r * ys;
+    T *dr = dx + r * dxs;
+    int64_t p0, p1;
+    slice_of<CTAS>(packs, rank, p0, p1);
+    Pack<T> *gb = reinterpret_cast<Pack<T> *>(slice_smem), *yb = gb + (p1 - p0);
+    Pack<T> *const bufs[2] = {gb, yb};
+    const T *const srcs[2] = {gr, yr};
+    const int64_t half = slice_load<T, 2>(bufs, srcs, p0, p1);
+    const int64_t ti = body + threadIdx.x;
+    const bool tail = rank == CTAS - 1 && ti < n;
+    const A g_tail = tail ? to_acc(gr[ti]) : A(0), y_tail = tail ? to_acc(yr[ti]) : A(0);
+    A s = tail ? (lg ? g_tail : g_tail * y_tail) : A(0);
+    cp_async_wait<1>(); /* the first half of this thread's packs (slice_load) */
+    int64_t it = 0;
+    for (int64_t j = p0 + threadIdx.x; j < p1; j += blockDim.x, it++) {
+        if (it == half) cp_async_wait<0>(); /* the rest */
+        const Pack<T> pg = gb[j - p0], py = yb[j - p0];
+#pragma unroll
+        for (int k = 0; k < V; k++) s += lg ? to_acc(pg.v[k]) : to_acc(pg.v[k]) * to_acc(py.v[k]);
+    }
+    s = block_sum(s, scratch);
+    if constexpr (CTAS > 1) {
+        if (threadIdx.x == 0) part[0] = s;
+        cluster_barrier();
+        s = cluster_load(part, 0);
+#pragma unroll
+        for (int q = 1; q < CTAS; q++) s += cluster_load(part, q);
+        cluster_arrive_relaxed();
+    }
+    for (int64_t j = p0 + threadIdx.x; j < p1; j += blockDim.x) {
+        const Pack<T> pg = gb[j - p0], py = yb[j - p0];
+        Pack<T> q;
+#pragma unroll
+        for (int k = 0; k < V; k++) {
+            const A gv = to_acc(pg.v[k]), yv = to_acc(py.v[k]);
+            q.v[k] = from_acc<T>(lg ? gv - exp_acc(yv) * s : yv * (gv - s));
+        }
+        store_pack(dr + j * V, q);
+    }
+    if (tail) dr[ti] = from_acc<T>(lg ? g_tail - exp_acc(y_tail) * s : y_tail * (g_tail - s));
+    if constexpr (CTAS > 1) cluster_wait();
+}
+
+template <typename T> using FwdSlice = void (*)(int64_t, const T *, int64_t, bool, T *, int64_t);
+template <typename T> using BwdSlice = void (*)(int64_t, const T *, int64_t, const T *, int64_t, bool, T *, int64_t);
+
 inline int threads_for(int64_t n, int vec) {
     const int64_t steps = (n + vec - 1) / vec;
     return steps >= 4096 ? 1024 : steps >= 1024 ? 512 : steps >= 256 ? 256 : 64;
@@ -106,6 +222,17 @@ opsmith_status fwd(int64_t rows, int64_t n, const void *x, int64_t xs, bool lg, 
     const int threads = threads_for(n, packed ? vec : 1);
     const T *xp = static_cast<const T *>(x);
     T *yp = static_cast<T *>(y);
+    if (packed) {
+        const void *const kernels[4] = {reinterpret_cast<const void *>(fwd_slice_kernel<T, A, 1>),
+                                        reinterpret_cast<const void *>(fwd_slice_kernel<T, A, 2>),
+                                        reinterpret_cast<const void *>(fwd_slice_kernel<T, A, 4>),
+                                        reinterpret_cast<const void *>(fwd_slice_kernel<T, A, 8>)};
+        const Launch l = slice_launch(kernels, rows, n / vec, 1);
+        if (l.grid) {
+            launch<FwdSlice<T>>(l, stream, n, xp, xs, lg, yp, ys);
+            return launch_status();
+        }
+    }
     if (packed) fwd_kernel<T, A, true><<<(unsigned)rows, threads, 0, stream>>>(n, xp, xs, lg, yp, ys);
     else fwd_kernel<T, A, false><<<(unsigned)rows, threads, 0, stream>>>(n, xp, xs, lg, yp, ys);
     return launch_status();
@@ -122,6 +249,17 @@ opsmith_status bwd(int64_t rows, int64_t n, const void *g, int64_t gs, const voi
     const int threads = threads_for(n, packed ? vec : 1);
     const T *gp = static_cast<const T *>(g), *yp = static_cast<const T *>(y);
     T *dp = static_cast<T *>(dx);
+    if (packed) {
+        const void *const kernels[4] = {reinterpret_cast<const void *>(bwd_slice_kernel<T, A, 1>),
+                                        reinterpret_cast<const void *>(bwd_slice_kernel<T, A, 2>),
+                                        reinterpret_cast<const void *>(bwd_slice_kernel<T, A, 4>),
+                                        reinterpret_cast<const void *>(bwd_slice_kernel<T, A, 8>)};
+        const Launch l = slice_launch(kernels, rows, n / vec, 2);
+        if (l.grid) {
+            launch<BwdSlice<T>>(l, stream, n, gp, gs, yp, ys, lg, dp, dxs);
+            return launch_status();
+        }
+    }
     if (packed) bwd_kernel<T, A, true><<<(unsigned)rows, threads, 0, stream>>>(n, gp, gs, yp, ys, lg, dp, dxs);
     else bwd_kernel<T, A, false><<<(unsigned)rows, threads, 0, stream>>>(n, gp, gs, yp, ys, lg, dp, dxs);
     return launch_status();

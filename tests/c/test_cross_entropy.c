@@ -29,6 +29,8 @@ typedef struct {
     int ignore_every;     /* every k-th row's target is ignore_index (0: none; -1: all) */
     double ls, z, cap;
     opsmith_cross_entropy_reduction red;
+    double scale; /* logits drawn in [-6, 6] times this (0: 1) */
+    int mask;     /* every 7th logit but the target's is -inf (masked) */
 } ce_case;
 
 static double tol_of(opsmith_dtype dt)
@@ -123,7 +125,8 @@ static void data_init(ce_data *d, const ce_case *c, test_rng *rng)
         for (int64_t i = 0; i < c->n; i++) {
             const int64_t at = c->off + r * s + i;
             /* wide logits, so the softmax is far from uniform */
-            opsmith_store_from_double(c->dt, guarded_payload(&d->x), at, 3.0 * rng_value(rng));
+            opsmith_store_from_double(c->dt, guarded_payload(&d->x), at,
+                                      3.0 * rng_value(rng) * (c->scale > 0 ? c->scale : 1.0));
             d->xd[r * c->n + i] = opsmith_load_as_double(c->dt, guarded_payload(&d->x), at);
         }
     for (int64_t r = 0; r < c->rows; r++) {
@@ -131,6 +134,13 @@ static void data_init(ce_data *d, const ce_case *c, test_rng *rng)
         if (t == d->ignore) t = (t + 1) % c->n;
         if (c->ignore_every < 0 || (c->ignore_every > 0 && r % c->ignore_every == 1)) t = d->ignore;
         d->target[2 * r] = t, d->target[2 * r + 1] = -7777;
+        if (c->mask)
+            for (int64_t i = 3; i < c->n; i += 7) {
+                if (i == t) continue;
+                const int64_t at = c->off + r * (c->n + c->pad) + i;
+                opsmith_store_from_double(c->dt, guarded_payload(&d->x), at, -INFINITY);
+                d->xd[r * c->n + i] = -INFINITY;
+            }
     }
     for (int64_t i = 0; i < c->n; i++) {
         d->wd[i] = c->weighted ? 0.25 + rng_uniform(rng) : 1.0;
@@ -343,25 +353,27 @@ static void run(const char *be, fwd_fn fwd, bwd_fn bwd, const ce_case *c, const 
 
 /* A target out of range: the CPU fails naming it; CUDA flags it on the
  * device (row, value) and makes that row's loss NaN. */
-static void test_bad_target(const char *be, fwd_fn fwd, int cuda)
+static void test_bad_target(const char *be, fwd_fn fwd, int cuda, int64_t n)
 {
-    const ce_case c = {OPSMITH_DTYPE_F32, 4, 5, 0, 0, 0, 0, 0.0, 0.0, 0.0, OPSMITH_CROSS_ENTROPY_REDUCTION_NONE};
+    const ce_case c = {OPSMITH_DTYPE_F32, 4, n, 0, 0, 0, 0, 0.0, 0.0, 0.0, OPSMITH_CROSS_ENTROPY_REDUCTION_NONE, 0, 0};
     test_rng rng = {42};
     ce_data d;
     data_init(&d, &c, &rng);
-    d.target[2 * 2] = 9;
+    d.target[2 * 2] = n + 4;
     float loss[4];
     int64_t error[OPSMITH_CROSS_ENTROPY_ERROR_COUNT] = {0};
     opsmith_status st = fwd(&c, &d, at_off(&d.x, &c), loss, NULL, NULL, NULL, error);
     if (!cuda) {
-        CHECK(st == OPSMITH_STATUS_INVALID_ARGUMENT && strstr(opsmith_last_error(), "target 9 (row 2) is out of range [0, 5)"),
+        CHECK(st == OPSMITH_STATUS_INVALID_ARGUMENT && strstr(opsmith_last_error(), "target 9 (row 2) is out of range [0, 5)") &&
+                  n == 5,
               "%s bad target: got \"%s\" (%s)", be, opsmith_status_string(st), opsmith_last_error());
     } else {
         CHECK(st == OPSMITH_STATUS_SUCCESS, "%s bad target: launch failed: %s", be, opsmith_last_error());
         CHECK(isnan(loss[2]) && !isnan(loss[0]) && !isnan(loss[3]), "%s bad target: that row's loss must be NaN, only it", be);
     }
-    CHECK(error[0] == 1 && error[1] == 2 && error[2] == 9, "%s bad target: error buffer {%lld, %lld, %lld}, want {1, 2, 9}",
-          be, (long long)error[0], (long long)error[1], (long long)error[2]);
+    CHECK(error[0] == 1 && error[1] == 2 && error[2] == n + 4,
+          "%s bad target (n=%lld): error buffer {%lld, %lld, %lld}, want {1, 2, %lld}", be, (long long)n,
+          (long long)error[0], (long long)error[1], (long long)error[2], (long long)(n + 4));
     data_free(&d);
 }
 
@@ -414,6 +426,36 @@ static void test_bad_args(void)
 #undef FWD
 }
 
+/* cuda_only: shapes for the CUDA plans, run on the CPU too where small
+ * and unscaled (which checks the test's own expectations) */
+static void run_list(const ce_case *shapes, size_t count, int cuda, int cuda_only, uint64_t seed)
+{
+    for (int di = 0; di < OPSMITH_DTYPE_COUNT; di++) {
+        const opsmith_dtype dt = (opsmith_dtype)di;
+        if (!opsmith_dtype_is_float(dt)) continue;
+        test_rng rng = {seed * (uint64_t)(di + 1)};
+        for (size_t k = 0; k < count; k++) {
+            ce_case c = shapes[k];
+            c.dt = dt;
+            /* logits scaled by 1e4: float32 and float64 only */
+            if (c.scale > 1.0 && dt != OPSMITH_DTYPE_F32 && dt != OPSMITH_DTYPE_F64) continue;
+            /* not the masked ones on the CPU: its forward without the gradient (and in place) turns
+             * -inf logits into a NaN loss, a CPU kernel bug outside this test's CUDA plans */
+            const int cpu = !cuda_only || (c.rows * c.n <= 300000 && c.scale <= 1.0 && !c.mask);
+            if (!cpu && cuda <= 0) {
+                if (cuda == 0) harness_skip(1);
+                continue;
+            }
+            ce_data d;
+            data_init(&d, &c, &rng);
+            if (cpu) run("cpu", fwd_cpu, bwd_cpu, &c, &d, &rng);
+            if (cuda > 0) run("cuda", fwd_cuda, bwd_cuda, &c, &d, &rng);
+            else if (cuda == 0) harness_skip(1);
+            data_free(&d);
+        }
+    }
+}
+
 HARNESS_GROUP(test_cross_entropy)
 {
     const int cuda = cuda_begin();
@@ -423,33 +465,43 @@ HARNESS_GROUP(test_cross_entropy)
     /* widths around the CPU's LANES and the CUDA packs and block sweeps;
      * padded and offset (unaligned: the scalar paths) rows; every option */
     const ce_case shapes[] = {
-        {0, 1, 1, 0, 0, 0, 0, 0.0, 0.0, 0.0, MEAN},      {0, 3, 7, 0, 0, 0, 0, 0.0, 0.0, 0.0, NONE},
-        {0, 5, 64, 0, 0, 1, 2, 0.1, 0.0, 0.0, MEAN},     {0, 4, 5, 0, 0, 1, 3, 0.2, 1e-3, 0.0, SUM},
-        {0, 7, 33, 5, 1, 0, 3, 0.0, 1e-2, 5.0, MEAN},    {0, 4, 256, 8, 0, 1, 0, 0.3, 1e-4, 2.0, NONE},
-        {0, 2, 4099, 0, 0, 0, 0, 0.0, 0.0, 0.0, MEAN},   {0, 3, 8193, 0, 3, 1, 2, 0.1, 1e-4, 30.0, SUM},
-        {0, 300, 129, 0, 0, 0, 5, 0.05, 0.0, 0.0, MEAN}, {0, 6, 40000, 16, 0, 1, 4, 0.1, 1e-4, 0.0, NONE},
-        {0, 2, 262144, 0, 0, 1, 0, 0.1, 1e-4, 30.0, MEAN}, /* Gemma's vocabulary: 1024-thread sweeps */
-        {0, 3, 128259, 5, 1, 0, 0, 0.0, 0.0, 0.0, SUM},   /* wide, odd and unaligned: the scalar path */
-        {0, 4, 16, 0, 0, 1, -1, 0.1, 1e-4, 0.0, MEAN},   /* every row ignored: NaN, gradient 0 */
-        {0, 4, 16, 0, 0, 0, -1, 0.0, 0.0, 0.0, SUM},     {0, 0, 16, 0, 0, 0, 0, 0.0, 0.0, 0.0, MEAN},
-        {0, 0, 16, 0, 0, 0, 0, 0.0, 0.0, 0.0, SUM},
+        {0, 1, 1, 0, 0, 0, 0, 0.0, 0.0, 0.0, MEAN, 0, 0},      {0, 3, 7, 0, 0, 0, 0, 0.0, 0.0, 0.0, NONE, 0, 0},
+        {0, 5, 64, 0, 0, 1, 2, 0.1, 0.0, 0.0, MEAN, 0, 0},     {0, 4, 5, 0, 0, 1, 3, 0.2, 1e-3, 0.0, SUM, 0, 0},
+        {0, 7, 33, 5, 1, 0, 3, 0.0, 1e-2, 5.0, MEAN, 0, 0},    {0, 4, 256, 8, 0, 1, 0, 0.3, 1e-4, 2.0, NONE, 0, 0},
+        {0, 2, 4099, 0, 0, 0, 0, 0.0, 0.0, 0.0, MEAN, 0, 0},   {0, 3, 8193, 0, 3, 1, 2, 0.1, 1e-4, 30.0, SUM, 0, 0},
+        {0, 300, 129, 0, 0, 0, 5, 0.05, 0.0, 0.0, MEAN, 0, 0}, {0, 6, 40000, 16, 0, 1, 4, 0.1, 1e-4, 0.0, NONE, 0, 0},
+        {0, 2, 262144, 0, 0, 1, 0, 0.1, 1e-4, 30.0, MEAN, 0, 0}, /* Gemma's vocabulary */
+        {0, 3, 128259, 5, 1, 0, 0, 0.0, 0.0, 0.0, SUM, 0, 0},   /* wide, odd and unaligned: the scalar path */
+        {0, 4, 16, 0, 0, 1, -1, 0.1, 1e-4, 0.0, MEAN, 0, 0},   /* every row ignored: NaN, gradient 0 */
+        {0, 4, 16, 0, 0, 0, -1, 0.0, 0.0, 0.0, SUM, 0, 0},     {0, 0, 16, 0, 0, 0, 0, 0.0, 0.0, 0.0, MEAN, 0, 0},
+        {0, 0, 16, 0, 0, 0, 0, 0.0, 0.0, 0.0, SUM, 0, 0},
     };
-    for (int di = 0; di < OPSMITH_DTYPE_COUNT; di++) {
-        const opsmith_dtype dt = (opsmith_dtype)di;
-        if (!opsmith_dtype_is_float(dt)) continue;
-        test_rng rng = {0xCE5EEDull * (uint64_t)(di + 1)};
-        for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
-            ce_case c = shapes[k];
-            c.dt = dt;
-            ce_data d;
-            data_init(&d, &c, &rng);
-            run("cpu", fwd_cpu, bwd_cpu, &c, &d, &rng);
-            if (cuda > 0) run("cuda", fwd_cuda, bwd_cuda, &c, &d, &rng);
-            else if (cuda == 0) harness_skip(1);
-            data_free(&d);
-        }
+    run_list(shapes, sizeof shapes / sizeof shapes[0], cuda, 0, 0xCE5EEDull);
+    /* CUDA's on-chip plans (online_softmax.cuh: a CTA a row up to ~72 KB a
+     * slice, then clusters of 2, 4, 8; float64 262144 is too wide: the
+     * streaming kernel), with every option: Llama 3's and Gemma's
+     * vocabularies; single aligned rows with an odd tail (the last CTA's
+     * scalar tail); padded rows; unaligned (streaming); logits scaled by
+     * 1e4 in float32 (the gradient's p = exp(y - m) / sum, no lse formed);
+     * masked (-inf) logits; ignored rows inside a cluster launch */
+    const ce_case wide[] = {
+        {0, 4, 128256, 0, 0, 1, 3, 0.1, 1e-4, 0.0, MEAN, 0, 0},  {0, 3, 128256, 8, 0, 0, 0, 0.0, 0.0, 30.0, NONE, 0, 0},
+        {0, 2, 262144, 0, 0, 0, 0, 0.0, 1e-4, 0.0, SUM, 0, 0},    {0, 1, 128257, 0, 0, 1, 0, 0.1, 1e-3, 0.0, MEAN, 0, 0},
+        {0, 1, 262151, 0, 0, 0, 0, 0.0, 0.0, 0.0, NONE, 0, 0},    {0, 3, 16384, 8, 0, 1, 2, 0.2, 0.0, 5.0, MEAN, 0, 0},
+        {0, 9, 32000, 0, 0, 0, 0, 0.0, 0.0, 0.0, MEAN, 0, 0},     {0, 5, 70000, 0, 2, 1, 0, 0.1, 1e-4, 0.0, SUM, 0, 0},
+        {0, 3, 128256, 0, 0, 0, 2, 0.0, 1e-4, 0.0, MEAN, 1e4, 0}, {0, 14, 15631, 0, 0, 0, 0, 0.0, 0.0, 0.0, NONE, 1e4, 0},
+        {0, 2, 262144, 0, 0, 1, 0, 0.1, 0.0, 0.0, SUM, 1e4, 0},  {0, 7, 4096, 0, 3, 0, 0, 0.0, 0.0, 0.0, NONE, 1e4, 0},
+        {0, 2, 128256, 0, 0, 0, 0, 0.0, 1e-4, 0.0, MEAN, 0, 1},   {0, 4, 65536, 0, 0, 1, 0, 0.0, 0.0, 0.0, NONE, 0, 1},
+        {0, 6, 100000, 0, 0, 0, -1, 0.1, 1e-4, 0.0, MEAN, 0, 0}, {0, 2, 1000, 0, 0, 0, 0, 0.0, 0.0, 0.0, SUM, 0, 0},
+        {0, 5, 100, 0, 0, 0, 0, 0.0, 0.0, 0.0, MEAN, 0, 1},      {0, 3, 1001, 3, 0, 1, 0, 0.0, 1e-4, 0.0, NONE, 0, 1},
+        {0, 3, 1001, 0, 1, 0, 0, 0.0, 0.0, 0.0, SUM, 0, 1}, /* masked, unaligned: the streaming scalar path */
+    };
+    run_list(wide, sizeof wide / sizeof wide[0], cuda, 1, 0xCE5EED2ull);
+    test_bad_target("cpu", fwd_cpu, 0, 5);
+    if (cuda > 0) {
+        test_bad_target("cuda", fwd_cuda, 1, 5);     /* the streaming kernel */
+        test_bad_target("cuda", fwd_cuda, 1, 4096);  /* on chip, a CTA a row */
+        test_bad_target("cuda", fwd_cuda, 1, 131072); /* on chip, a cluster a row */
     }
-    test_bad_target("cpu", fwd_cpu, 0);
-    if (cuda > 0) test_bad_target("cuda", fwd_cuda, 1);
     test_bad_args();
 }

@@ -25,6 +25,8 @@ typedef struct {
     int64_t rows, n, pad; /* row stride of every tensor: n + pad */
     int off;              /* elements the tensors start past 16-byte alignment */
     int log; /* 0: softmax, 1: log_softmax */
+    double scale; /* x drawn in [-2, 2] times this (0: 1) */
+    int mask;     /* every 7th element of x is -inf (masked) */
 } softmax_case;
 
 static double tol_of(opsmith_dtype dt)
@@ -72,8 +74,8 @@ static void check_out(const softmax_case *c, const char *what, const char *be, c
 /* The test's inputs: x and dy in the dtype (with padding left poison),
  * their rounded values in double, and the reference results. */
 typedef struct {
-    guarded_buf x, dy;
-    double *xd, *dyd, *y_ref, *dx_ref;
+    guarded_buf x, dy, yin; /* yin: the backward's y, drawn like dy */
+    double *xd, *dyd, *yd, *y_ref, *dx_ref;
     size_t bytes;
 } softmax_data;
 
@@ -83,27 +85,33 @@ static void data_init(softmax_data *d, const softmax_case *c, test_rng *rng)
     const size_t es = opsmith_dtype_size(c->dt);
     d->bytes = (size_t)(c->off + (c->rows ? (c->rows - 1) * s + c->n : 0)) * es + 16;
     d->x = guarded_new(d->bytes, POISON_BYTE), d->dy = guarded_new(d->bytes, POISON_BYTE);
+    d->yin = guarded_new(d->bytes, POISON_BYTE);
     d->xd = malloc(sizeof(double) * (size_t)(count + 1)), d->dyd = malloc(sizeof(double) * (size_t)(count + 1));
+    d->yd = malloc(sizeof(double) * (size_t)(count + 1));
     d->y_ref = malloc(sizeof(double) * (size_t)(count + 1)), d->dx_ref = malloc(sizeof(double) * (size_t)(count + 1));
-    if (!d->xd || !d->dyd || !d->y_ref || !d->dx_ref) {
+    if (!d->xd || !d->dyd || !d->yd || !d->y_ref || !d->dx_ref) {
         fprintf(stderr, "out of host memory\n");
         exit(2);
     }
     for (int64_t r = 0; r < c->rows; r++)
         for (int64_t i = 0; i < c->n; i++) {
             const int64_t at = c->off + r * s + i;
-            opsmith_store_from_double(c->dt, guarded_payload(&d->x), at, rng_value(rng));
+            const double xv = c->mask && i % 7 == 3 ? -INFINITY : rng_value(rng) * (c->scale > 0 ? c->scale : 1.0);
+            opsmith_store_from_double(c->dt, guarded_payload(&d->x), at, xv);
             opsmith_store_from_double(c->dt, guarded_payload(&d->dy), at, rng_value(rng));
+            opsmith_store_from_double(c->dt, guarded_payload(&d->yin), at, rng_value(rng));
             d->xd[r * c->n + i] = opsmith_load_as_double(c->dt, guarded_payload(&d->x), at);
             d->dyd[r * c->n + i] = opsmith_load_as_double(c->dt, guarded_payload(&d->dy), at);
+            d->yd[r * c->n + i] = opsmith_load_as_double(c->dt, guarded_payload(&d->yin), at);
         }
     opsmith_softmax_fwd_reference(c->rows, c->n, d->xd, c->log, d->y_ref);
-    opsmith_softmax_bwd_reference(c->rows, c->n, d->dyd, d->xd, c->log, d->dx_ref);
+    opsmith_softmax_bwd_reference(c->rows, c->n, d->dyd, d->yd, c->log, d->dx_ref);
 }
 
 static void data_free(softmax_data *d)
 {
-    free(d->x.base), free(d->dy.base), free(d->xd), free(d->dyd), free(d->y_ref), free(d->dx_ref);
+    free(d->x.base), free(d->dy.base), free(d->yin.base), free(d->xd), free(d->dyd), free(d->yd), free(d->y_ref);
+    free(d->dx_ref);
 }
 
 static void *at_off(const guarded_buf *b, const softmax_case *c)
@@ -118,7 +126,7 @@ static void run_cpu(const softmax_case *c, const softmax_data *d)
     opsmith_status st = opsmith_softmax_fwd_cpu(c->dt, c->rows, c->n, at_off(&d->x, c), s, c->log, at_off(&y, c), s);
     if (CHECK(st == OPSMITH_STATUS_SUCCESS, "cpu fwd: %s (%s)", opsmith_status_string(st), opsmith_last_error()))
         check_out(c, "fwd", "cpu", &y, d->y_ref);
-    st = opsmith_softmax_bwd_cpu(c->dt, c->rows, c->n, at_off(&d->dy, c), s, at_off(&d->x, c), s, c->log,
+    st = opsmith_softmax_bwd_cpu(c->dt, c->rows, c->n, at_off(&d->dy, c), s, at_off(&d->yin, c), s, c->log,
                                at_off(&dx, c), s);
     if (CHECK(st == OPSMITH_STATUS_SUCCESS, "cpu bwd: %s (%s)", opsmith_status_string(st), opsmith_last_error()))
         check_out(c, "bwd", "cpu", &dx, d->dx_ref);
@@ -128,7 +136,7 @@ static void run_cpu(const softmax_case *c, const softmax_data *d)
     if (CHECK(st == OPSMITH_STATUS_SUCCESS, "cpu fwd in place: %s", opsmith_last_error()))
         check_out(c, "fwd in place", "cpu", &y, d->y_ref);
     memcpy(dx.base, d->dy.base, d->bytes + 2 * GUARD);
-    st = opsmith_softmax_bwd_cpu(c->dt, c->rows, c->n, at_off(&dx, c), s, at_off(&d->x, c), s, c->log,
+    st = opsmith_softmax_bwd_cpu(c->dt, c->rows, c->n, at_off(&dx, c), s, at_off(&d->yin, c), s, c->log,
                                at_off(&dx, c), s);
     if (CHECK(st == OPSMITH_STATUS_SUCCESS, "cpu bwd in place: %s", opsmith_last_error()))
         check_out(c, "bwd in place", "cpu", &dx, d->dx_ref);
@@ -143,31 +151,57 @@ static int cuda_ok(cudaError_t e, const char *what)
     return CHECK(e == cudaSuccess, "cuda %s: %s", what, cudaGetErrorString(e));
 }
 
+static unsigned char *dev_copy(const guarded_buf *b, size_t total)
+{
+    unsigned char *p = NULL;
+    if (!cuda_ok(cudaMalloc((void **)&p, total), "malloc")) return NULL;
+    if (!cuda_ok(cudaMemcpy(p, b->base, total, cudaMemcpyHostToDevice), "upload")) {
+        cudaFree(p);
+        return NULL;
+    }
+    return p;
+}
+
+static int dev_back(guarded_buf *b, const unsigned char *p, size_t total)
+{
+    return cuda_ok(cudaMemcpy(b->base, p, total, cudaMemcpyDeviceToHost), "download");
+}
+
+/* out of place, then in place (y over a copy of x, dx over a copy of dy) */
 static void run_cuda(const softmax_case *c, const softmax_data *d)
 {
     const int64_t s = c->n + c->pad;
     const size_t total = d->bytes + 2 * GUARD, lead = GUARD + (size_t)c->off * opsmith_dtype_size(c->dt);
-    unsigned char *dev_x = NULL, *dev_dy = NULL, *dev_y = NULL, *dev_dx = NULL;
     guarded_buf y = guarded_new(d->bytes, POISON_BYTE), dx = guarded_new(d->bytes, POISON_BYTE);
-    if (cuda_ok(cudaMalloc((void **)&dev_x, total), "malloc") && cuda_ok(cudaMalloc((void **)&dev_dy, total), "malloc") &&
-        cuda_ok(cudaMalloc((void **)&dev_y, total), "malloc") && cuda_ok(cudaMalloc((void **)&dev_dx, total), "malloc") &&
-        cuda_ok(cudaMemcpy(dev_x, d->x.base, total, cudaMemcpyHostToDevice), "upload") &&
-        cuda_ok(cudaMemcpy(dev_dy, d->dy.base, total, cudaMemcpyHostToDevice), "upload") &&
-        cuda_ok(cudaMemcpy(dev_y, y.base, total, cudaMemcpyHostToDevice), "upload") &&
-        cuda_ok(cudaMemcpy(dev_dx, dx.base, total, cudaMemcpyHostToDevice), "upload")) {
+    unsigned char *dev_x = dev_copy(&d->x, total), *dev_dy = dev_copy(&d->dy, total), *dev_yin = dev_copy(&d->yin, total);
+    unsigned char *dev_y = dev_copy(&y, total), *dev_dx = dev_copy(&dx, total);
+    if (dev_x && dev_dy && dev_yin && dev_y && dev_dx) {
         opsmith_status st = opsmith_softmax_fwd_cuda(c->dt, c->rows, c->n, dev_x + lead, s, c->log, dev_y + lead, s,
                                                    NULL);
         CHECK(st == OPSMITH_STATUS_SUCCESS, "cuda fwd: %s (%s)", opsmith_status_string(st), opsmith_last_error());
-        st = opsmith_softmax_bwd_cuda(c->dt, c->rows, c->n, dev_dy + lead, s, dev_x + lead, s, c->log, dev_dx + lead,
-                                    s, NULL);
+        st = opsmith_softmax_bwd_cuda(c->dt, c->rows, c->n, dev_dy + lead, s, dev_yin + lead, s, c->log,
+                                    dev_dx + lead, s, NULL);
         CHECK(st == OPSMITH_STATUS_SUCCESS, "cuda bwd: %s (%s)", opsmith_status_string(st), opsmith_last_error());
-        if (cuda_ok(cudaMemcpy(y.base, dev_y, total, cudaMemcpyDeviceToHost), "download") &&
-            cuda_ok(cudaMemcpy(dx.base, dev_dx, total, cudaMemcpyDeviceToHost), "download")) {
+        if (cuda_ok(cudaDeviceSynchronize(), "run") && dev_back(&y, dev_y, total) && dev_back(&dx, dev_dx, total)) {
             check_out(c, "fwd", "cuda", &y, d->y_ref);
             check_out(c, "bwd", "cuda", &dx, d->dx_ref);
         }
+        /* in place: x and dy are overwritten (copies: the next case draws fresh ones) */
+        st = opsmith_softmax_fwd_cuda(c->dt, c->rows, c->n, dev_x + lead, s, c->log, dev_x + lead, s, NULL);
+        CHECK(st == OPSMITH_STATUS_SUCCESS, "cuda fwd in place: %s", opsmith_last_error());
+        st = opsmith_softmax_bwd_cuda(c->dt, c->rows, c->n, dev_dy + lead, s, dev_yin + lead, s, c->log,
+                                    dev_dy + lead, s, NULL);
+        CHECK(st == OPSMITH_STATUS_SUCCESS, "cuda bwd in place: %s", opsmith_last_error());
+        guarded_buf yi = guarded_new(d->bytes, POISON_BYTE), dxi = guarded_new(d->bytes, POISON_BYTE);
+        if (cuda_ok(cudaDeviceSynchronize(), "run in place") && dev_back(&yi, dev_x, total) &&
+            dev_back(&dxi, dev_dy, total)) {
+            /* the padding holds x's (dy's) poison, as the fresh buffers' */
+            check_out(c, "fwd in place", "cuda", &yi, d->y_ref);
+            check_out(c, "bwd in place", "cuda", &dxi, d->dx_ref);
+        }
+        free(yi.base), free(dxi.base);
     }
-    cudaFree(dev_x), cudaFree(dev_dy), cudaFree(dev_y), cudaFree(dev_dx);
+    cudaFree(dev_x), cudaFree(dev_dy), cudaFree(dev_yin), cudaFree(dev_y), cudaFree(dev_dx);
     free(y.base), free(dx.base);
 }
 
@@ -232,26 +266,36 @@ static void test_bad_args(void)
            "misaligned dx");
 }
 
-HARNESS_GROUP(test_softmax)
+typedef struct {
+    int64_t rows, n, pad;
+    int off, log;
+    double scale;
+    int mask;
+} shape;
+
+static void run_shapes(const shape *shapes, size_t count, int cuda, int cuda_only, uint64_t seed)
 {
-    const int cuda = cuda_begin();
-    /* widths around the CPU's LANES and CHUNK and the CUDA packs; padded,
-     * offset (unaligned: the scalar paths) and one-row calls */
-    const struct { int64_t rows, n, pad; int off; int log; } shapes[] = {
-        {1, 1, 0, 0, 0},    {3, 7, 0, 0, 1},      {5, 64, 0, 0, 0},   {2, 4099, 0, 0, 1},
-        {7, 33, 5, 1, 0},    {4, 256, 8, 0, 1},    {1, 8193, 0, 3, 0}, {300, 129, 0, 0, 1},
-        {16, 2048, 16, 0, 0}, {3, 40000, 8, 0, 1}, {2, 40000, 0, 1, 0}, {0, 16, 0, 0, 1},
-    };
     for (int di = 0; di < OPSMITH_DTYPE_COUNT; di++) {
         const opsmith_dtype dt = (opsmith_dtype)di;
         if (!opsmith_dtype_is_float(dt))
             continue; /* integer dtypes are refused: test_bad_args */
-        test_rng rng = {0x5EEDull * (uint64_t)(di + 1)};
-        for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
-            const softmax_case c = {dt, shapes[k].rows, shapes[k].n, shapes[k].pad, shapes[k].off, shapes[k].log};
+        test_rng rng = {seed * (uint64_t)(di + 1)};
+        for (size_t k = 0; k < count; k++) {
+            const shape *h = &shapes[k];
+            /* logits scaled by 1e4 only where the dtype holds them exactly enough (float32, float64) */
+            if (h->scale > 1.0 && dt != OPSMITH_DTYPE_F32 && dt != OPSMITH_DTYPE_F64) continue;
+            const softmax_case c = {dt, h->rows, h->n, h->pad, h->off, h->log, h->scale, h->mask};
+            /* the CUDA-only shapes run on the CPU too where small, which checks the test's own expectations;
+             * not the scaled ones (the CPU kernel still forms exp(x - lse), off by ~7e-4 at 1e4) nor rows
+             * over 100000 (its backward's float32 running sum of dy y over random y drifts past 1e-5) */
+            const int cpu = c.rows > 0 && (!cuda_only || (c.rows * c.n <= (1 << 20) && c.n <= 100000 && c.scale <= 1.0));
+            if (cuda_only && cuda == 0 && !cpu) {
+                harness_skip(1);
+                continue;
+            }
             softmax_data d;
             data_init(&d, &c, &rng);
-            if (c.rows > 0)
+            if (cpu)
                 run_cpu(&c, &d);
             if (cuda > 0 && c.rows > 0)
                 run_cuda(&c, &d);
@@ -260,5 +304,35 @@ HARNESS_GROUP(test_softmax)
             data_free(&d);
         }
     }
+}
+
+HARNESS_GROUP(test_softmax)
+{
+    const int cuda = cuda_begin();
+    /* widths around the CPU's LANES and CHUNK and the CUDA packs; padded,
+     * offset (unaligned: the scalar paths) and one-row calls */
+    static const shape shapes[] = {
+        {1, 1, 0, 0, 0, 0, 0},    {3, 7, 0, 0, 1, 0, 0},      {5, 64, 0, 0, 0, 0, 0},   {2, 4099, 0, 0, 1, 0, 0},
+        {7, 33, 5, 1, 0, 0, 0},    {4, 256, 8, 0, 1, 0, 0},    {1, 8193, 0, 3, 0, 0, 0}, {300, 129, 0, 0, 1, 0, 0},
+        {16, 2048, 16, 0, 0, 0, 0}, {3, 40000, 8, 0, 1, 0, 0}, {2, 40000, 0, 1, 0, 0, 0}, {0, 16, 0, 0, 1, 0, 0},
+        /* masked (-inf) entries */
+        {6, 1000, 0, 0, 0, 0, 1}, {3, 515, 1, 0, 1, 0, 1},
+    };
+    run_shapes(shapes, sizeof shapes / sizeof shapes[0], cuda, 0, 0x5EEDull);
+    /* CUDA's on-chip plans (online_softmax.cuh): a CTA a row (cluster of 1)
+     * up to ~72 KB a slice, then clusters of 2, 4, 8 (bf16 128256: 4 CTAs
+     * forward, 8 backward; 262144: 8; float64 262144 is too wide: the
+     * streaming kernels); aligned single rows with an odd tail (the last
+     * CTA's scalar tail); padded rows; unaligned wide rows (streaming);
+     * scale 1e4 and masked rows through the cluster path */
+    static const shape wide[] = {
+        {4, 128256, 0, 0, 0, 0, 0}, {3, 128256, 8, 0, 1, 0, 0}, {2, 262144, 0, 0, 0, 0, 0}, {2, 262144, 0, 0, 1, 0, 1},
+        {1, 128257, 0, 0, 0, 0, 0}, {1, 262151, 0, 0, 1, 0, 0}, {1, 36871, 0, 0, 0, 0, 1},  {3, 16384, 8, 0, 0, 0, 0},
+        {9, 16384, 0, 0, 1, 0, 0},  {5, 70000, 0, 2, 0, 0, 0},  {2, 128259, 5, 1, 1, 0, 0}, {14, 15631, 0, 0, 0, 1e4, 0},
+        {3, 128256, 0, 0, 1, 1e4, 0}, {2, 262144, 0, 0, 0, 1e4, 0}, {2042, 237, 0, 0, 0, 1e4, 0}, {4, 65536, 0, 0, 0, 0, 0},
+        {2, 100000, 0, 0, 0, 0, 0}, {3, 9000, 0, 0, 1, 0, 0},   {14, 1563, 0, 0, 0, 1e4, 0}, {5, 237, 3, 0, 1, 1e4, 0},
+        {7, 4096, 0, 3, 0, 1e4, 0}, /* unaligned: the streaming kernel's scalar path, scaled */
+    };
+    run_shapes(wide, sizeof wide / sizeof wide[0], cuda, 1, 0x5EED2ull);
     test_bad_args();
 }
