@@ -36,11 +36,16 @@ constexpr int kMinBlocks = 4;
 /* below this many items at 8 heads a thread, 2 heads a thread (launch) */
 constexpr int64_t kSmallItems = 132 * 512;
 
-/* Heads a thread: 8 (2 packs each in flight for rotate-half), 6 where 8 do
- * not fit the register cap without spilling (16-bit x with float32
- * cos/sin, rotate-half: 32 registers of tables). */
+/* Heads a thread (16-byte kernel): rotate-half 8 (2 packs a head in
+ * flight, 16 in all), 6 where 8 do not fit the register cap without
+ * spilling (16-bit x with float32 cos/sin: 32 registers of tables);
+ * interleaved 16 (1 pack a head) where x and cos/sin share a dtype of at
+ * most 4 bytes, the same 16 packs and register count, else 8. The scalar
+ * kernel: 8. */
 template <typename T, typename C, bool HALF, bool VEC> constexpr int heads_a_thread() {
-    return VEC && HALF && sizeof(T) == 2 && sizeof(C) == 4 ? 6 : 8;
+    if constexpr (!VEC) return 8;
+    else if constexpr (HALF) return sizeof(T) == 2 && sizeof(C) == 4 ? 6 : 8;
+    else return sizeof(T) == sizeof(C) && sizeof(T) <= 4 ? 16 : 8;
 }
 
 /* N elements of U, moved as 16-byte packs when VEC, else one by one. */

@@ -420,7 +420,7 @@ HARNESS_GROUP(test_rotary) {
     };
     /* CUDA only (too slow for the CPU run of `make test`): the kernel's item
      * grid of (row, head group, pack or copy slot) at the issue's head
-     * counts (32 + 8 heads: whole groups of 8 or 2) and D = 64/128/256; head counts
+     * counts (32 + 8 heads) and D = 64/128/256; head counts
      * that leave a partial group (20, 12, 7, 3); decode (S = 1); odd and
      * prime sequence lengths; partial rotary with the pass-through copied as
      * 16-byte packs, and (pad8 layout, 16-bit types) element by element
@@ -433,9 +433,10 @@ HARNESS_GROUP(test_rotary) {
         {2, 3, 40, 0, 128, 128, LAYOUT_BHSD, CS_PER_ROW, 0},  {1, 5, 17, 3, 128, 128, LAYOUT_BSHD, CS_CACHE, 0},
         {4, 1, 32, 8, 64, 64, LAYOUT_FUSED, CS_SHARED, 0},    {1, 3, 2, 1, 256, 256, LAYOUT_PAD8, CS_CACHE, 0},
         {2, 13, 8, 8, 256, 192, LAYOUT_BHSD, CS_SHARED, 0},   {1, 6, 4, 2, 80, 16, LAYOUT_PAD8, CS_PER_ROW, 0},
-        /* past 132 x 512 items at 8 heads a thread: the 16-byte kernel's 8-head
-         * (6 with float32 cos/sin) launch; everything above is small enough
-         * for its 2-head launch; 29 + 8 heads leave a partial group of 5 */
+        /* past 132 x 512 items: the 16-byte kernel's wide launch (rotate-half
+         * 8 heads a thread, 6 with float32 cos/sin for 16-bit x; interleaved
+         * 16, or 8); everything above is small enough for its 2-head launch;
+         * 29 + 8 heads leave partial groups */
         {2, 1031, 32, 8, 128, 128, LAYOUT_BSHD, CS_CACHE, 0}, {1, 4099, 29, 8, 64, 64, LAYOUT_BHSD, CS_PER_ROW, 0},
         {1, 1031, 32, 8, 256, 192, LAYOUT_FUSED, CS_SHARED, 0},
     };
