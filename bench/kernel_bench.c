@@ -2,6 +2,7 @@
  * work (`make kernel-bench`, then build/kernel_bench on a GPU machine).
  *
  *   build/kernel_bench [rms_norm|layer_norm|fused_add] [bf16|f16|f32|f64] ROWSxN ...
+ *   build/kernel_bench rotary [bf16|f16|f32|f64] ROWSxD ... (q 32 heads, k 8, B = 4 when ROWS allows)
  *
  * (rms_norm and bf16 by default; fused_add is fused_add_rms_norm, its
  * backward with dh.) For each shape: forward and backward (with the weight,
@@ -80,8 +81,8 @@ static int copy_step(void *p, int call)
     return cudaMemcpyAsync(c->b, c->a, c->bytes, cudaMemcpyDeviceToDevice, 0) != cudaSuccess;
 }
 
-enum op { RMS_NORM, LAYER_NORM, FUSED_ADD };
-static const char *const kOpNames[] = {"rms_norm", "layer_norm", "fused_add"};
+enum op { RMS_NORM, LAYER_NORM, FUSED_ADD, ROTARY };
+static const char *const kOpNames[] = {"rms_norm", "layer_norm", "fused_add", "rotary"};
 
 struct rms_ctx {
     enum op op;
@@ -232,12 +233,85 @@ static int bench_shape(enum op op, opsmith_dtype dt, int64_t rows, int64_t n, do
     return 0;
 }
 
+/* Rotary at the issue's shape family: q [B, 32, S, D], k [B, 8, S, D]
+ * (contiguous, the [B, H, S, D] layout), cos/sin [B, S, D] of x's dtype,
+ * rotate-half, out of place; the backward reads dq_out, dk_out and writes
+ * dq, dk. Bytes: q, k, cos, sin read once and q, k written once. */
+struct rot_ctx {
+    opsmith_rotary_params p;
+    int sets;
+    void *q[MAX_SETS], *k[MAX_SETS], *cos, *sin, *qo, *ko;
+};
+
+static int rot_step(void *v, int call, int bwd)
+{
+    struct rot_ctx *c = v;
+    int s = call % c->sets;
+    opsmith_status st = (bwd ? opsmith_rotary_bwd_cuda : opsmith_rotary_fwd_cuda)(&c->p, c->q[s], c->qo, c->k[s],
+                                                                                  c->ko, c->cos, c->sin, NULL, 0);
+    if (st != OPSMITH_STATUS_SUCCESS)
+        fprintf(stderr, "rotary: %s %s\n", opsmith_status_string(st), opsmith_last_error());
+    return st != OPSMITH_STATUS_SUCCESS;
+}
+static int rot_fwd_step(void *v, int call) { return rot_step(v, call, 0); }
+static int rot_bwd_step(void *v, int call) { return rot_step(v, call, 1); }
+
+static int bench_rotary(opsmith_dtype dt, int64_t rows, int64_t d, double copy_gbs, const unsigned char *block,
+                        size_t block_bytes)
+{
+    struct rot_ctx c;
+    memset(&c, 0, sizeof c);
+    const int64_t hq = 32, hk = 8, B = rows % 4 == 0 ? 4 : 1, S = rows / B;
+    opsmith_rotary_params *p = &c.p;
+    p->style = OPSMITH_ROTARY_STYLE_HALF, p->dtype = dt, p->cs_dtype = dt;
+    p->batch = B, p->seq = S, p->head_dim = d, p->rotary_dim = d;
+    p->q = (opsmith_rotary_view){hq, hq * S * d, d, S * d};
+    p->k = (opsmith_rotary_view){hk, hk * S * d, d, S * d};
+    p->q_out = p->q, p->k_out = p->k;
+    p->cs_batch_stride = S * d, p->cs_seq_stride = d;
+    const size_t es = opsmith_dtype_size(dt), qb = (size_t)(rows * hq * d) * es, kb = (size_t)(rows * hk * d) * es,
+                 cb = (size_t)(rows * d) * es;
+    c.sets = (int)((kRotateBytes + qb + kb - 1) / (qb + kb));
+    if (c.sets > MAX_SETS)
+        c.sets = MAX_SETS;
+    for (int s = 0; s < c.sets; s++) {
+        CUDA_TRY(cudaMalloc(&c.q[s], qb));
+        CUDA_TRY(cudaMalloc(&c.k[s], kb));
+        if (fill(c.q[s], qb, block, block_bytes) || fill(c.k[s], kb, block + es, block_bytes - es))
+            return 1;
+    }
+    CUDA_TRY(cudaMalloc(&c.cos, cb));
+    CUDA_TRY(cudaMalloc(&c.sin, cb));
+    CUDA_TRY(cudaMalloc(&c.qo, qb));
+    CUDA_TRY(cudaMalloc(&c.ko, kb));
+    if (fill(c.cos, cb, block + 2 * es, block_bytes - 2 * es) || fill(c.sin, cb, block + 3 * es, block_bytes - 3 * es))
+        return 1;
+    double probe;
+    if (time_ms(rot_fwd_step, &c, 3, &probe))
+        return 1;
+    int calls = (int)(2.0 / (probe + 1e-4));
+    calls = calls < 3 ? 3 : calls > 2000 ? 2000 : calls;
+    double f_ms, b_ms;
+    if (time_ms(rot_fwd_step, &c, calls, &f_ms) || time_ms(rot_bwd_step, &c, calls, &b_ms))
+        return 1;
+    const double bytes = 2.0 * (double)(qb + kb + cb);
+    const double f_gbs = bytes / (f_ms * 1e6), b_gbs = bytes / (b_ms * 1e6);
+    printf("rotary     %-5s %8lld x %-6lld  fwd %9.2f us %7.0f GB/s %.3f | bwd %9.2f us %7.0f GB/s %.3f | fwd+bwd %.3f\n",
+           opsmith_dtype_name(dt), (long long)rows, (long long)d, f_ms * 1e3, f_gbs, f_gbs / copy_gbs, b_ms * 1e3,
+           b_gbs, b_gbs / copy_gbs, 2 * bytes / ((f_ms + b_ms) * 1e6) / copy_gbs);
+    fflush(stdout);
+    for (int s = 0; s < c.sets; s++)
+        cudaFree(c.q[s]), cudaFree(c.k[s]);
+    cudaFree(c.cos), cudaFree(c.sin), cudaFree(c.qo), cudaFree(c.ko);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     opsmith_dtype dt = OPSMITH_DTYPE_BF16;
     enum op op = RMS_NORM;
     int first = 1;
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < 4; i++)
         if (argc > first && strcmp(argv[first], kOpNames[i]) == 0)
             op = (enum op)i, first++;
     if (argc > first && strchr(argv[first], 'x') == NULL) {
@@ -248,7 +322,7 @@ int main(int argc, char **argv)
             if (strcmp(argv[first], names[i]) == 0)
                 dt = types[i], found = 1;
         if (!found) {
-            fprintf(stderr, "kernel_bench: unknown op or dtype '%s' (rms_norm, layer_norm, fused_add; bf16, f16, f32, f64)\n",
+            fprintf(stderr, "kernel_bench: unknown op or dtype '%s' (rms_norm, layer_norm, fused_add, rotary; bf16, f16, f32, f64)\n",
                     argv[first]);
             return 2;
         }
@@ -285,7 +359,8 @@ int main(int argc, char **argv)
             rc = 2;
             break;
         }
-        rc = bench_shape(op, dt, rows, n, copy_gbs, block, block_elems * es);
+        rc = op == ROTARY ? bench_rotary(dt, rows, n, copy_gbs, block, block_elems * es)
+                          : bench_shape(op, dt, rows, n, copy_gbs, block, block_elems * es);
     }
     free(block);
     return rc;

@@ -1,39 +1,72 @@
 /* Rotary position embedding on CUDA: q and k in one launch, bandwidth
  * bound (q, k, cos, sin read once; q, k written once).
  *
- * Grid: one block per (b, s) row (looping past the grid), threads (x, y):
- * x over the packs of one head vector's pairs, y over the heads of q then
- * k. A thread loads the cos/sin of its pack once (from the (b, s) row, or
- * the cache row position_ids names) and applies them to every head it
- * visits, so cos/sin cross DRAM once per (b, s) whatever the head counts.
- * 16-byte loads and stores when every pointer, stride and size allows them;
- * a scalar kernel otherwise. Each element is read before the same element
- * is written by the same thread, so in place (an output that is exactly its
- * input) is safe. Dims [rotary_dim, head_dim) are copied by the same block
- * (skipped in place). */
+ * Work item: (row (b, s), group of 8 (or 6) heads of q then k, slot). A slot
+ * is one pack of a head's pairs (rotate-half: V elements of the first half
+ * with the matching V of the second; interleaved: V/2 whole pairs), or,
+ * past the packs, one piece of the pass-through dims [rotary_dim, head_dim)
+ * to copy. One thread an item over a flat grid, slot fastest, then group,
+ * then row: a warp reads whole 128-byte segments, and the groups of one row
+ * sit in one block, so their cos/sin reads hit the same lines.
+ *
+ * A thread issues every load of its item (cos/sin of the row, or of the
+ * cache row position_ids names, and its heads' packs) before its
+ * first store: the stores are `asm volatile` with a memory clobber and in
+ * place nothing could move a later load above them, so loads interleaved
+ * with stores would keep one head in flight a thread (v1's limit). 16-byte
+ * loads and stores when every pointer, stride and size allows them; a
+ * scalar kernel otherwise. Each element is read and then written by the one
+ * thread that owns it, so in place (an output that is exactly its input)
+ * is safe; q/k are read with plain loads, not the non-coherent path, for
+ * that reason. Pass-through dims are skipped in place. */
 #include "common.cuh"
 #include "internal/rotary.h"
 
 namespace opsmith {
 namespace {
 
-constexpr int kThreads = 256;
+/* 128-thread blocks, at least 4 an SM: registers capped at 128 a thread,
+ * 512 threads an SM, each with 8 heads x 32 bytes of loads in flight
+ * (128 KB an SM). Measured on the H200 (bench/NOTES.md, rotary v2): 0.88
+ * of copy bandwidth at the bf16 anchor; uncapped, the 16-bit kernel took
+ * 222 registers (one 256-thread block an SM) and reached 0.50, and 4 heads
+ * at 2 such blocks (64 KB in flight) 0.69. */
+constexpr int kThreads = 128;
+constexpr int kMinBlocks = 4;
+/* below this many items at 8 heads a thread, 2 heads a thread (launch) */
+constexpr int64_t kSmallItems = 132 * 512;
+
+/* Heads a thread (16-byte kernel): rotate-half 8 (2 packs a head in
+ * flight, 16 in all), 6 where 8 do not fit the register cap without
+ * spilling (16-bit x with float32 cos/sin: 32 registers of tables);
+ * interleaved 16 (1 pack a head) where x and cos/sin share a dtype of at
+ * most 4 bytes, the same 16 packs and register count, else 8. The scalar
+ * kernel: 8. */
+template <typename T, typename C, bool HALF, bool VEC> constexpr int heads_a_thread() {
+    if constexpr (!VEC) return 8;
+    else if constexpr (HALF) return sizeof(T) == 2 && sizeof(C) == 4 ? 6 : 8;
+    else return sizeof(T) == sizeof(C) && sizeof(T) <= 4 ? 16 : 8;
+}
 
 /* N elements of U, moved as 16-byte packs when VEC, else one by one. */
 template <typename U, int N, bool VEC> struct Vals {
     U v[N];
 };
 
-template <typename U, int N, bool VEC> __device__ __forceinline__ Vals<U, N, VEC> load_vals(const U *p) {
+/* NC: the read-only path (cos/sin, never written by the kernel) */
+template <typename U, int N, bool VEC, bool NC = false>
+__device__ __forceinline__ Vals<U, N, VEC> load_vals(const U *p) {
     Vals<U, N, VEC> out;
     if constexpr (VEC) {
         static_assert(N * sizeof(U) % 16 == 0, "whole packs");
 #pragma unroll
-        for (int k = 0; k < (int)(N * sizeof(U) / 16); k++)
-            reinterpret_cast<uint4 *>(out.v)[k] = *(reinterpret_cast<const uint4 *>(p) + k);
+        for (int k = 0; k < (int)(N * sizeof(U) / 16); k++) {
+            const uint4 *src = reinterpret_cast<const uint4 *>(p) + k;
+            reinterpret_cast<uint4 *>(out.v)[k] = NC ? __ldg(src) : *src;
+        }
     } else {
 #pragma unroll
-        for (int k = 0; k < N; k++) out.v[k] = p[k];
+        for (int k = 0; k < N; k++) out.v[k] = NC ? __ldg(p + k) : p[k];
     }
     return out;
 }
@@ -64,109 +97,162 @@ struct Args {
     const int64_t *pos;
     int64_t pos_bs, pos_ss, max_pos;
     bool copy_q, copy_k; /* pass-through part to copy (not in place) */
+    /* the launch plan: items = rows x groups x slots */
+    int64_t packs;  /* rotation slots a head */
+    int64_t slots;  /* packs + copy slots */
+    int64_t groups; /* ceil((hq + hk) / heads a thread) */
+    int64_t cw;     /* elements a copy slot: a 16-byte pack, or 1 */
+    int64_t items;
+    bool narrow;    /* items < 2^32: index arithmetic in 32 bits */
 };
 
-/* V elements a thread step: for rotate-half, V consecutive elements of the
- * first half and the V matching ones of the second; for interleaved, V/2
- * whole pairs. */
-template <typename T, typename C, typename Acc, bool HALF, int V, bool VEC, bool BWD>
-__global__ void __launch_bounds__(kThreads) rotary_kernel(Args a) {
-    const int64_t half = a.rotary_dim / 2;
-    const int64_t packs = HALF ? half / V : a.rotary_dim / V;
+/* The first element of head h (q heads, then k heads) of row (b, s), in
+ * and out. */
+template <typename T> struct Row {
+    const T *q, *k;
+    T *qo, *ko;
+    __device__ __forceinline__ const T *in(const Args &a, int h) const {
+        return h < a.hq ? q + h * a.vq.hs : k + (h - a.hq) * a.vk.hs;
+    }
+    __device__ __forceinline__ T *out(const Args &a, int h) const {
+        return h < a.hq ? qo + h * a.vqo.hs : ko + (h - a.hq) * a.vko.hs;
+    }
+    __device__ __forceinline__ bool copies(const Args &a, int h) const { return h < a.hq ? a.copy_q : a.copy_k; }
+};
+
+template <typename T, typename C, typename Acc, bool HALF, int V, bool VEC, bool BWD, int kHeads>
+__device__ __forceinline__ void rotate_item(const Args &a, const Row<T> &row, int64_t b, int64_t s, int64_t pk,
+                                            int h0) {
     const int heads = a.hq + a.hk;
-    for (int64_t r = blockIdx.x; r < a.rows; r += gridDim.x) {
-        const int64_t b = r / a.seq, s = r % a.seq;
-        int64_t cs_off;
-        bool bad = false;
-        if (a.pos) {
-            const int64_t p = a.pos[b * a.pos_bs + s * a.pos_ss];
-            bad = p < 0 || p >= a.max_pos;
-            cs_off = bad ? 0 : p * a.cs_ss;
-        } else {
-            cs_off = b * a.cs_bs + s * a.cs_ss;
+    const int64_t half = a.rotary_dim / 2;
+    const int64_t ea = pk * V, eb = HALF ? half + pk * V : pk * V;
+    int64_t cs_off;
+    bool bad = false;
+    if (a.pos) {
+        const int64_t p = __ldg(a.pos + b * a.pos_bs + s * a.pos_ss);
+        bad = p < 0 || p >= a.max_pos;
+        cs_off = bad ? 0 : p * a.cs_ss;
+    } else {
+        cs_off = b * a.cs_bs + s * a.cs_ss;
+    }
+    const C *cosr = static_cast<const C *>(a.cos) + cs_off, *sinr = static_cast<const C *>(a.sin) + cs_off;
+    /* every load first: cos/sin, then each head's packs */
+    Vals<C, V, VEC> c1 = load_vals<C, V, VEC, true>(cosr + ea), s1 = load_vals<C, V, VEC, true>(sinr + ea);
+    Vals<C, V, VEC> c2, s2;
+    if constexpr (HALF) c2 = load_vals<C, V, VEC, true>(cosr + eb), s2 = load_vals<C, V, VEC, true>(sinr + eb);
+    Vals<T, V, VEC> xa[kHeads], xb[kHeads];
+#pragma unroll
+    for (int j = 0; j < kHeads; j++) {
+        if (h0 + j < heads) {
+            const T *x = row.in(a, h0 + j);
+            xa[j] = load_vals<T, V, VEC>(x + ea);
+            if constexpr (HALF) xb[j] = load_vals<T, V, VEC>(x + eb);
         }
-        const C *cosr = static_cast<const C *>(a.cos) + cs_off, *sinr = static_cast<const C *>(a.sin) + cs_off;
-        for (int64_t pk = threadIdx.x; pk < packs; pk += blockDim.x) {
-            /* this pack's pairs: element offsets of the first and second members */
-            const int64_t ea = pk * V, eb = HALF ? half + pk * V : pk * V;
-            Acc ca[V], cb[V], sa[V], sb[V];
-            {
-                const Vals<C, V, VEC> c1 = load_vals<C, V, VEC>(cosr + ea), s1 = load_vals<C, V, VEC>(sinr + ea);
-                if constexpr (HALF) {
-                    const Vals<C, V, VEC> c2 = load_vals<C, V, VEC>(cosr + eb), s2 = load_vals<C, V, VEC>(sinr + eb);
+    }
+    /* FWD: (u, w) -> (u ca - w sa, w cb + u sb), ca/sa the first member's
+     * cos/sin, cb/sb the second's; BWD, its transpose: the sines swapped
+     * within the pair and negated, (u ca + w sb, w cb - u sa). cos/sin stay
+     * packed in registers and are converted for each head (16 registers of
+     * 16-bit tables, not 32 of floats). */
+    const Acc nan = Acc(NAN);
 #pragma unroll
-                    for (int k = 0; k < V; k++)
-                        ca[k] = to_acc(c1.v[k]), cb[k] = to_acc(c2.v[k]), sa[k] = to_acc(s1.v[k]),
-                        sb[k] = to_acc(s2.v[k]);
-                } else {
-#pragma unroll
-                    for (int k = 0; k < V; k += 2)
-                        ca[k] = to_acc(c1.v[k]), cb[k] = to_acc(c1.v[k + 1]), sa[k] = to_acc(s1.v[k]),
-                        sb[k] = to_acc(s1.v[k + 1]);
+    for (int j = 0; j < kHeads; j++) {
+        if (h0 + j < heads) {
+            if constexpr (VEC && sizeof(T) == 2) {
+                /* convert each head's packs only when its turn comes (after the
+                 * previous head's stores): converted early, 8 heads of 16-bit
+                 * packs become 128 live floats, 220 registers and one block an
+                 * SM, half the bytes in flight */
+                opaque(xa[j]);
+                if constexpr (HALF) opaque(xb[j]);
+                if constexpr (sizeof(C) == 2) { /* likewise the tables, converted again for each head */
+                    opaque(c1), opaque(s1);
+                    if constexpr (HALF) opaque(c2), opaque(s2);
                 }
             }
-            if (bad) {
-#pragma unroll
-                for (int k = 0; k < V; k++) ca[k] = cb[k] = sa[k] = sb[k] = Acc(NAN);
-            }
-            if constexpr (BWD) { /* the transpose: sines swapped between the pair and negated */
+            T *o = row.out(a, h0 + j);
+            if constexpr (HALF) {
+                Vals<T, V, VEC> oa, ob;
 #pragma unroll
                 for (int k = 0; k < V; k++) {
-                    const Acc t = sa[k];
-                    sa[k] = -sb[k], sb[k] = -t;
+                    const Acc u = to_acc(xa[j].v[k]), w = to_acc(xb[j].v[k]);
+                    const Acc ca = to_acc(c1.v[k]), cb = to_acc(c2.v[k]), sa = to_acc(s1.v[k]),
+                              sb = to_acc(s2.v[k]);
+                    const Acc ra = BWD ? u * ca + w * sb : u * ca - w * sa;
+                    const Acc rb = BWD ? w * cb - u * sa : w * cb + u * sb;
+                    oa.v[k] = from_acc<T>(bad ? nan : ra);
+                    ob.v[k] = from_acc<T>(bad ? nan : rb);
                 }
-            }
-            for (int h = threadIdx.y; h < heads; h += blockDim.y) {
-                const bool isq = h < a.hq;
-                const int hh = isq ? h : h - a.hq;
-                const View vi = isq ? a.vq : a.vk, vo = isq ? a.vqo : a.vko;
-                const T *x = static_cast<const T *>(isq ? a.q : a.k) + b * vi.bs + s * vi.ss + hh * vi.hs;
-                T *o = static_cast<T *>(isq ? a.qo : a.ko) + b * vo.bs + s * vo.ss + hh * vo.hs;
-                if constexpr (HALF) {
-                    const Vals<T, V, VEC> xa = load_vals<T, V, VEC>(x + ea), xb = load_vals<T, V, VEC>(x + eb);
-                    Vals<T, V, VEC> oa, ob;
+                store_vals<T, V, VEC>(o + ea, oa);
+                store_vals<T, V, VEC>(o + eb, ob);
+            } else {
+                Vals<T, V, VEC> ov;
 #pragma unroll
-                    for (int k = 0; k < V; k++) {
-                        const Acc u = to_acc(xa.v[k]), w = to_acc(xb.v[k]);
-                        oa.v[k] = from_acc<T>(u * ca[k] - w * sa[k]);
-                        ob.v[k] = from_acc<T>(w * cb[k] + u * sb[k]);
-                    }
-                    store_vals<T, V, VEC>(o + ea, oa);
-                    store_vals<T, V, VEC>(o + eb, ob);
-                } else {
-                    const Vals<T, V, VEC> xv = load_vals<T, V, VEC>(x + ea);
-                    Vals<T, V, VEC> ov;
-#pragma unroll
-                    for (int k = 0; k < V; k += 2) {
-                        const Acc u = to_acc(xv.v[k]), w = to_acc(xv.v[k + 1]);
-                        ov.v[k] = from_acc<T>(u * ca[k] - w * sa[k]);
-                        ov.v[k + 1] = from_acc<T>(w * cb[k] + u * sb[k]);
-                    }
-                    store_vals<T, V, VEC>(o + ea, ov);
+                for (int k = 0; k < V; k += 2) {
+                    const Acc u = to_acc(xa[j].v[k]), w = to_acc(xa[j].v[k + 1]);
+                    const Acc ca = to_acc(c1.v[k]), cb = to_acc(c1.v[k + 1]), sa = to_acc(s1.v[k]),
+                              sb = to_acc(s1.v[k + 1]);
+                    const Acc ra = BWD ? u * ca + w * sb : u * ca - w * sa;
+                    const Acc rb = BWD ? w * cb - u * sa : w * cb + u * sb;
+                    ov.v[k] = from_acc<T>(bad ? nan : ra);
+                    ov.v[k + 1] = from_acc<T>(bad ? nan : rb);
                 }
+                store_vals<T, V, VEC>(o + ea, ov);
             }
         }
-        /* the pass-through dims, one element a thread (packs when VEC) */
-        const int64_t rest = a.head_dim - a.rotary_dim;
-        if (rest > 0 && (a.copy_q || a.copy_k)) {
-            constexpr int W = VEC ? (int)(16 / sizeof(T)) : 1;
-            const bool packed = VEC && rest % W == 0;
-            const int64_t per = packed ? rest / W : rest;
-            const int64_t tid = threadIdx.y * blockDim.x + threadIdx.x, nthreads = blockDim.x * blockDim.y;
-            for (int64_t i = tid; i < heads * per; i += nthreads) {
-                const int h = (int)(i / per);
-                const int64_t j = i % per;
-                const bool isq = h < a.hq;
-                if (!(isq ? a.copy_q : a.copy_k)) continue;
-                const int hh = isq ? h : h - a.hq;
-                const View vi = isq ? a.vq : a.vk, vo = isq ? a.vqo : a.vko;
-                const T *x = static_cast<const T *>(isq ? a.q : a.k) + b * vi.bs + s * vi.ss + hh * vi.hs + a.rotary_dim;
-                T *o = static_cast<T *>(isq ? a.qo : a.ko) + b * vo.bs + s * vo.ss + hh * vo.hs + a.rotary_dim;
-                if (packed)
-                    *reinterpret_cast<uint4 *>(o + j * W) = *reinterpret_cast<const uint4 *>(x + j * W);
-                else
-                    o[j] = x[j];
+    }
+}
+
+/* W elements at dim e of each of the item's heads copied unchanged (the
+ * pass-through dims), loads first. */
+template <typename T, int W, bool VEC, int kHeads>
+__device__ __forceinline__ void copy_item(const Args &a, const Row<T> &row, int64_t e, int h0) {
+    const int heads = a.hq + a.hk;
+    Vals<T, W, VEC> x[kHeads];
+#pragma unroll
+    for (int j = 0; j < kHeads; j++)
+        if (h0 + j < heads && row.copies(a, h0 + j)) x[j] = load_vals<T, W, VEC>(row.in(a, h0 + j) + e);
+#pragma unroll
+    for (int j = 0; j < kHeads; j++)
+        if (h0 + j < heads && row.copies(a, h0 + j)) store_vals<T, W, VEC>(row.out(a, h0 + j) + e, x[j]);
+}
+
+/* q = x / d, r = x % d, in 32 bits when the whole item range fits */
+__device__ __forceinline__ void divmod(bool narrow, int64_t x, int64_t d, int64_t &q, int64_t &r) {
+    if (narrow) {
+        const uint32_t xq = (uint32_t)x / (uint32_t)d;
+        q = xq, r = (int64_t)((uint32_t)x - xq * (uint32_t)d);
+    } else {
+        q = x / d, r = x - q * d;
+    }
+}
+
+template <typename T, typename C, typename Acc, bool HALF, int V, bool VEC, bool BWD, int H>
+__global__ void __launch_bounds__(kThreads, kMinBlocks) rotary_kernel(Args a) {
+    constexpr int W = (int)(16 / sizeof(T));
+    const int64_t step = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < a.items; t += step) {
+        int64_t rg, slot, r, g, b, s;
+        divmod(a.narrow, t, a.slots, rg, slot);
+        divmod(a.narrow, rg, a.groups, r, g);
+        divmod(a.narrow, r, a.seq, b, s);
+        Row<T> row;
+        row.q = static_cast<const T *>(a.q) + b * a.vq.bs + s * a.vq.ss;
+        row.qo = static_cast<T *>(a.qo) + b * a.vqo.bs + s * a.vqo.ss;
+        row.k = a.hk ? static_cast<const T *>(a.k) + b * a.vk.bs + s * a.vk.ss : nullptr;
+        row.ko = a.hk ? static_cast<T *>(a.ko) + b * a.vko.bs + s * a.vko.ss : nullptr;
+        const int h0 = (int)g * H;
+        if (slot < a.packs) {
+            rotate_item<T, C, Acc, HALF, V, VEC, BWD, H>(a, row, b, s, slot, h0);
+        } else {
+            const int64_t e = a.rotary_dim + (slot - a.packs) * a.cw;
+            if constexpr (VEC) {
+                if (a.cw == W) {
+                    copy_item<T, W, true, H>(a, row, e, h0);
+                    continue;
+                }
             }
+            copy_item<T, 1, false, H>(a, row, e, h0);
         }
     }
 }
@@ -174,25 +260,36 @@ __global__ void __launch_bounds__(kThreads) rotary_kernel(Args a) {
 bool fits(int64_t v, int64_t w) { return v % w == 0; }
 
 template <typename T, typename C, typename Acc, bool HALF, bool BWD>
-void launch(const Args &a, bool vec, cudaStream_t stream) {
+void launch(Args a, bool vec, cudaStream_t stream) {
     constexpr int VV = (int)(16 / sizeof(T));
     const int64_t half = a.rotary_dim / 2;
-    const int heads = a.hq + a.hk;
-    auto go = [&](auto kernel, int64_t packs) {
-        const int bx = (int)(packs < kThreads ? packs : kThreads);
-        const int max_by = kThreads / bx;
-        const int rounds = (heads + max_by - 1) / max_by;
-        const int by = (heads + rounds - 1) / rounds;
-        const int64_t max_grid = 2147483647;
-        const unsigned grid = (unsigned)(a.rows < max_grid ? a.rows : max_grid);
-        kernel<<<grid, dim3(bx, by), 0, stream>>>(a);
-    };
-    if (vec)
-        go(rotary_kernel<T, C, Acc, HALF, VV, true, BWD>, HALF ? half / VV : a.rotary_dim / VV);
+    const int64_t heads = a.hq + a.hk;
+    const int64_t v = vec ? VV : HALF ? 1 : 2; /* elements a rotation slot reads from each head */
+    a.packs = HALF ? half / v : a.rotary_dim / v;
+    const int64_t rest = a.head_dim - a.rotary_dim;
+    a.cw = vec && rest % VV == 0 ? VV : 1;
+    a.slots = a.packs + (rest > 0 && (a.copy_q || a.copy_k) ? rest / a.cw : 0);
+    /* 8 heads a thread fill the GPU only past about one wave of such items
+     * (132 SMs x 512 threads); below that (decode, short prefill) the
+     * 16-byte kernel takes 2 heads a thread: 4x the threads, a quarter of
+     * the serial per-thread work (with a few warps on the GPU, each one's
+     * instruction chain is the time). */
+    constexpr int HV = heads_a_thread<T, C, HALF, true>(), HS = heads_a_thread<T, C, HALF, false>();
+    const bool small = vec && a.rows * ((heads + HV - 1) / HV) * a.slots < kSmallItems;
+    const int64_t per = !vec ? HS : small ? 2 : HV;
+    a.groups = (heads + per - 1) / per;
+    a.items = a.rows * a.groups * a.slots;
+    a.narrow = a.items <= (int64_t)UINT32_MAX; /* t < items inside the loop */
+    const int64_t blocks = (a.items + kThreads - 1) / kThreads;
+    const unsigned grid = (unsigned)(blocks < 2147483647 ? blocks : 2147483647);
+    if (small)
+        rotary_kernel<T, C, Acc, HALF, VV, true, BWD, 2><<<grid, kThreads, 0, stream>>>(a);
+    else if (vec)
+        rotary_kernel<T, C, Acc, HALF, VV, true, BWD, HV><<<grid, kThreads, 0, stream>>>(a);
     else if (HALF)
-        go(rotary_kernel<T, C, Acc, HALF, 1, false, BWD>, half);
+        rotary_kernel<T, C, Acc, HALF, 1, false, BWD, HS><<<grid, kThreads, 0, stream>>>(a);
     else
-        go(rotary_kernel<T, C, Acc, HALF, 2, false, BWD>, a.rotary_dim / 2);
+        rotary_kernel<T, C, Acc, HALF, 2, false, BWD, HS><<<grid, kThreads, 0, stream>>>(a);
 }
 
 template <typename T, typename C>

@@ -25,9 +25,9 @@
 #define TEST_CUDA 0
 #endif
 
-enum { LAYOUT_BHSD, LAYOUT_BSHD, LAYOUT_FUSED, LAYOUT_PADDED, LAYOUT_COUNT };
+enum { LAYOUT_BHSD, LAYOUT_BSHD, LAYOUT_FUSED, LAYOUT_PADDED, LAYOUT_PAD8, LAYOUT_COUNT };
 enum { CS_PER_ROW, CS_SHARED, CS_CACHE, CS_COUNT };
-static const char *const LAYOUT_NAMES[] = {"bhsd", "bshd", "fused-qkv", "padded-bhsd"};
+static const char *const LAYOUT_NAMES[] = {"bhsd", "bshd", "fused-qkv", "padded-bhsd", "pad8-bhsd"};
 static const char *const CS_NAMES[] = {"[B,S,R]", "[S,R]", "cache+positions"};
 
 typedef struct {
@@ -91,6 +91,13 @@ static void data_init(rdata *d, const rcase *c, test_rng *rng) {
         const int64_t row = (Hq + 2 * Hk) * D + 8;
         set_view(&p->q, Hq, S * row, row, D), set_view(&p->k, Hk, S * row, row, D);
         d->k_at = d->q_at + Hq * D, d->elems = d->q_at + B * S * row;
+        break;
+    }
+    case LAYOUT_PAD8: { /* bhsd with head vectors a whole number of 8 elements apart, past D: 16-byte
+                         * packs fit every stride while D - R need not be whole packs */
+        const int64_t dp = (D + 7) / 8 * 8 + 8;
+        set_view(&p->q, Hq, Hq * S * dp, dp, S * dp), set_view(&p->k, Hk, Hk * S * dp, dp, S * dp);
+        d->k_at = d->q_at + B * Hq * S * dp + 8, d->elems = d->k_at + B * Hk * S * dp + 8;
         break;
     }
     default: /* bhsd with every head vector D + 3 apart: odd strides */
@@ -411,6 +418,28 @@ HARNESS_GROUP(test_rotary) {
         /* more packs than a block's threads (the CUDA pack loop); more heads than fit in one pass of y */
         {1, 2, 2, 1, 2048, 2048, LAYOUT_BSHD, CS_SHARED, 0}, {1, 2, 300, 7, 2, 2, LAYOUT_BSHD, CS_PER_ROW, 0},
     };
+    /* CUDA only (too slow for the CPU run of `make test`): the kernel's item
+     * grid of (row, head group, pack or copy slot) at the issue's head
+     * counts (32 + 8 heads) and D = 64/128/256; head counts
+     * that leave a partial group (20, 12, 7, 3); decode (S = 1); odd and
+     * prime sequence lengths; partial rotary with the pass-through copied as
+     * 16-byte packs, and (pad8 layout, 16-bit types) element by element
+     * beside 16-byte rotation packs; the scalar kernel (odd strides) */
+    const struct { int64_t B, S, Hq, Hk, D, R; int layout, cs, off; } cuda_shapes[] = {
+        {2, 37, 32, 8, 128, 128, LAYOUT_BHSD, CS_PER_ROW, 0}, {1, 19, 32, 8, 64, 64, LAYOUT_BSHD, CS_SHARED, 0},
+        {2, 9, 16, 4, 256, 256, LAYOUT_FUSED, CS_CACHE, 0},   {3, 1, 32, 8, 128, 128, LAYOUT_BHSD, CS_CACHE, 0},
+        {1, 33, 12, 4, 128, 64, LAYOUT_BSHD, CS_PER_ROW, 0},  {2, 5, 5, 2, 76, 64, LAYOUT_PAD8, CS_PER_ROW, 0},
+        {1, 7, 3, 0, 256, 128, LAYOUT_FUSED, CS_CACHE, 0},    {1, 11, 9, 3, 64, 32, LAYOUT_PADDED, CS_SHARED, 1},
+        {2, 3, 40, 0, 128, 128, LAYOUT_BHSD, CS_PER_ROW, 0},  {1, 5, 17, 3, 128, 128, LAYOUT_BSHD, CS_CACHE, 0},
+        {4, 1, 32, 8, 64, 64, LAYOUT_FUSED, CS_SHARED, 0},    {1, 3, 2, 1, 256, 256, LAYOUT_PAD8, CS_CACHE, 0},
+        {2, 13, 8, 8, 256, 192, LAYOUT_BHSD, CS_SHARED, 0},   {1, 6, 4, 2, 80, 16, LAYOUT_PAD8, CS_PER_ROW, 0},
+        /* past 132 x 512 items: the 16-byte kernel's wide launch (rotate-half
+         * 8 heads a thread, 6 with float32 cos/sin for 16-bit x; interleaved
+         * 16, or 8); everything above is small enough for its 2-head launch;
+         * 29 + 8 heads leave partial groups */
+        {2, 1031, 32, 8, 128, 128, LAYOUT_BSHD, CS_CACHE, 0}, {1, 4099, 29, 8, 64, 64, LAYOUT_BHSD, CS_PER_ROW, 0},
+        {1, 1031, 32, 8, 256, 192, LAYOUT_FUSED, CS_SHARED, 0},
+    };
     for (int di = 0; di < 4; di++) {
         const opsmith_dtype dt = (opsmith_dtype)di;
         for (int fcs = 0; fcs < ((dt == OPSMITH_DTYPE_F16 || dt == OPSMITH_DTYPE_BF16) ? 2 : 1); fcs++)
@@ -427,6 +456,19 @@ HARNESS_GROUP(test_rotary) {
                         run_cuda(&c, &d);
                     else if (cuda == 0)
                         harness_skip(1);
+                    data_free(&d);
+                }
+                for (size_t k = 0; k < sizeof cuda_shapes / sizeof cuda_shapes[0]; k++) {
+                    if (cuda <= 0) {
+                        if (cuda == 0) harness_skip(1);
+                        continue;
+                    }
+                    const rcase c = {dt, fcs ? OPSMITH_DTYPE_F32 : dt, (opsmith_rotary_style)style, cuda_shapes[k].B,
+                                     cuda_shapes[k].S, cuda_shapes[k].Hq, cuda_shapes[k].Hk, cuda_shapes[k].D,
+                                     cuda_shapes[k].R, cuda_shapes[k].layout, cuda_shapes[k].cs, cuda_shapes[k].off};
+                    rdata d;
+                    data_init(&d, &c, &rng);
+                    run_cuda(&c, &d);
                     data_free(&d);
                 }
             }
