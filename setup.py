@@ -111,6 +111,8 @@ def common(route_a: bool):
         extra_objects=[archive] if route_a else [],
         extra_compile_args={"cxx": flags},
         extra_link_args=link,
+        # fused_linear_cross_entropy's matrix products (the same major version as torch's own)
+        libraries=["cublasLt"] if WITH_CUDA else [],
         # relink when the C library or a bridge header changes
         depends=[here("build", "libopsmith.a")] + HEADERS,
     )
