@@ -42,7 +42,9 @@ def reference(h, w, b, t, ignore_index=-100, reduction="mean", label_smoothing=0
     per_row = formula(logits, t, None, ignore_index, label_smoothing, z_loss, softcap)
     total = per_row.sum()
     if reduction == "mean":
-        total = total / (t != ignore_index).sum()
+        count = (t != ignore_index).sum()
+        # no token counted: NaN loss and zero gradients, as PyTorch's mean gives
+        total = torch.where(count > 0, total / count.clamp(min=1), total.new_tensor(float("nan")))
     return total
 
 

@@ -58,7 +58,8 @@ template <typename T, typename A, bool PACKED>
 __global__ void rows_kernel(int64_t rows, int64_t n, const T *x, int64_t xs, const int64_t *__restrict__ tg,
                             int64_t ts, const A *__restrict__ w, int64_t ignore, Opts<A> o, int reduction,
                             const A *__restrict__ dw, A *__restrict__ loss_rows, A *__restrict__ z_rows,
-                            A *__restrict__ lse_out, T *dl, int64_t dls, int64_t *__restrict__ error) {
+                            A *__restrict__ lse_out, T *dl, int64_t dls, int64_t *__restrict__ error,
+                            int64_t row_offset) {
     __shared__ A scratch[64];
     constexpr int V = PACKED ? Pack<T>::VEC : 1;
     const int64_t r = blockIdx.x;
@@ -106,7 +107,7 @@ __global__ void rows_kernel(int64_t rows, int64_t n, const T *x, int64_t xs, con
         if (bad) {
             l = zl = nan_acc<A>();
             if (atomicCAS(reinterpret_cast<unsigned long long *>(error), 0ull, 1ull) == 0ull)
-                error[1] = r, error[2] = t;
+                error[1] = row_offset + r, error[2] = t;
         } else if (!ignored) {
             zl = o.z * lse * lse;
             l = o.one_m_ls * wt * (lse - y_t) + zl;
@@ -209,7 +210,7 @@ template <opsmith_dtype D>
 opsmith_status rows_pass(int64_t rows, int64_t n, const void *x, int64_t xs, const int64_t *tg, int64_t ts,
                          const void *w, int64_t ignore, double ls, double z, double cap, int red, const void *dw,
                          void *loss_rows, void *z_rows, void *lse, void *dl, int64_t dls, int64_t *error,
-                         cudaStream_t stream) {
+                         int64_t row_offset, cudaStream_t stream) {
     using T = typename Storage<D>::T;
     using A = typename Storage<D>::Acc;
     constexpr int vec = Pack<T>::VEC;
@@ -226,10 +227,12 @@ opsmith_status rows_pass(int64_t rows, int64_t n, const void *x, int64_t xs, con
     const int threads = threads_for(n, packed ? vec : 1);
     if (packed)
         rows_kernel<T, A, true><<<(unsigned)rows, threads, 0, stream>>>(rows, n, xp, xs, tg, ts, wp, ignore, o, red,
-                                                                       dwp, lr, zr, lp, dp, dls, error);
+                                                                       dwp, lr, zr, lp, dp, dls, error,
+                                                                       row_offset);
     else
         rows_kernel<T, A, false><<<(unsigned)rows, threads, 0, stream>>>(rows, n, xp, xs, tg, ts, wp, ignore, o, red,
-                                                                        dwp, lr, zr, lp, dp, dls, error);
+                                                                        dwp, lr, zr, lp, dp, dls, error,
+                                                                       row_offset);
     return launch_status();
 }
 
@@ -257,7 +260,7 @@ opsmith_status fwd(int64_t rows, int64_t n, const void *x, int64_t xs, const int
     opsmith_status st = prep<D>(rows, n, tg, ts, w, ignore, dw, stream);
     if (st == OPSMITH_STATUS_SUCCESS)
         st = rows_pass<D>(rows, n, x, xs, tg, ts, w, ignore, ls, z, cap, red, dw, ws, ws + rows, lse, dl, dls, error,
-                          stream);
+                          0, stream);
     if (st == OPSMITH_STATUS_SUCCESS) st = finish<D>(rows, red, ws, ws + rows, dw, loss, zout, stream);
     return st;
 }
@@ -333,14 +336,15 @@ extern "C" opsmith_status opsmith_internal_cross_entropy_rows_cuda(
     opsmith_dtype dtype, int64_t rows, int64_t n, const void *logits, int64_t logits_row_stride,
     const int64_t *target, int64_t target_stride, const void *weight, int64_t ignore_index, double label_smoothing,
     double z_loss, double softcap, int reduction, const void *denom_wsum, void *loss_rows, void *z_rows,
-    void *dlogits, int64_t dlogits_row_stride, int64_t *error, opsmith_cuda_stream stream) {
+    void *dlogits, int64_t dlogits_row_stride, int64_t *error, int64_t row_offset, opsmith_cuda_stream stream) {
     if (rows > 0x7fffffffLL)
         return opsmith_internal_fail(OPSMITH_STATUS_INVALID_ARGUMENT,
                                      "cross_entropy rows pass: rows (%lld) must be < 2^31", (long long)rows);
     return dispatch_float(dtype, OPSMITH_STATUS_UNSUPPORTED_DTYPE, [&](auto tag) {
         return rows_pass<decltype(tag)::value>(rows, n, logits, logits_row_stride, target, target_stride, weight,
                                                ignore_index, label_smoothing, z_loss, softcap, reduction, denom_wsum,
-                                               loss_rows, z_rows, nullptr, dlogits, dlogits_row_stride, error, stream);
+                                               loss_rows, z_rows, nullptr, dlogits, dlogits_row_stride, error, row_offset,
+                                               stream);
     });
 }
 

@@ -230,7 +230,7 @@ opsmith_status run(int64_t rows, int64_t dim, int64_t vocab, const void *hidden,
         st = opsmith_internal_cross_entropy_rows_cuda(dtype, c, vocab, L, vocab, target + r0 * ts, ts, nullptr, ignore,
                                                       ls, z, cap, red, dw, static_cast<A *>(loss_rows) + r0,
                                                       static_cast<A *>(z_rows) + r0, grads ? L : nullptr, vocab, error,
-                                                      stream);
+                                                      r0, stream);
         if (st != OPSMITH_STATUS_SUCCESS) return st;
         if (dhidden) {
             /* dh_c^T (dim x c) = W^T (dim x vocab, stored so) . dL^T (vocab x c, stored so) */

@@ -66,7 +66,9 @@ def loss_formula(hidden, weight, target, bias=None, ignore_index=IGNORE_INDEX, l
     logits = F.linear(hidden.reshape(-1, hidden.shape[-1]), weight, bias)
     t = target.reshape(-1)
     per_row = formula(logits, t, None, ignore_index, label_smoothing, z_loss, softcap)
-    return per_row.sum() / (t != ignore_index).sum()
+    count = (t != ignore_index).sum()
+    # no token counted: NaN loss and zero gradients, as PyTorch's mean gives
+    return torch.where(count > 0, per_row.sum() / count.clamp(min=1), per_row.new_tensor(math.nan))
 
 
 def _reference(inputs, dtype=None):

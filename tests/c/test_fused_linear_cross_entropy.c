@@ -117,7 +117,9 @@ static opsmith_status fwd_cpu(const fl_case *c, const fl_data *d, fl_out *o)
 {
     const size_t wb = opsmith_fused_linear_cross_entropy_workspace_size(c->dt, c->rows, c->dim, c->vocab, c->chunk,
                                                                         c->fp32_dw, 0);
-    void *ws = malloc(wb ? wb : 1);
+    /* the workspace alignment opsmith.h asks for */
+    void *ws = aligned_alloc(OPSMITH_WORKSPACE_ALIGNMENT, (wb + OPSMITH_WORKSPACE_ALIGNMENT) / OPSMITH_WORKSPACE_ALIGNMENT *
+                                                              OPSMITH_WORKSPACE_ALIGNMENT);
     memset(ws, POISON_BYTE, wb);
     opsmith_status st = opsmith_fused_linear_cross_entropy_fwd_cpu(
         c->dt, c->rows, c->dim, c->vocab, d->h, c->dim + c->pad, d->w, d->b, d->target, 2, d->ignore, c->ls, c->z,
