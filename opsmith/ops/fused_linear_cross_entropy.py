@@ -157,8 +157,16 @@ class FusedLinearCrossEntropyFunction(torch.autograd.Function):
         return loss, z, error
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, g, _gz, _gerror):
+        # create_graph=True: the gradients get a graph whose backward refuses
+        # clearly (once_differentiable) rather than silent zeros
+        if torch.is_grad_enabled() and g is not None and not g.requires_grad:
+            g = g.detach().requires_grad_()
+        return FusedLinearCrossEntropyFunction._backward(ctx, g)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def _backward(ctx, g):
         saved = ctx.saved_tensors
         grads = []
         for flag, d in zip(ctx.flags, saved):

@@ -46,26 +46,38 @@ def _make_inputs(shape, dtype, device, generator):
 
 
 def _kwargs(inputs):
-    return dict(bias=inputs.get("bias"), ignore_index=inputs.get("ignore_index", IGNORE_INDEX),
+    # reduction sum: a call whose every target is ignored (one-row and
+    # property cases) gives 0 rather than the mean's NaN; the mean is covered
+    # by tests/test_fused_linear_cross_entropy.py
+    return dict(bias=inputs.get("bias"), ignore_index=inputs.get("ignore_index", IGNORE_INDEX), reduction="sum",
                 label_smoothing=LABEL_SMOOTHING, z_loss=Z_LOSS, softcap=SOFTCAP)
 
 
+# The loss is float32 for 16-bit inputs; the harnesses expect outputs in the
+# inputs' dtype, so the calls round it there (differentiably: the gradients
+# still come from the op). tests/test_fused_linear_cross_entropy.py checks the
+# float32 loss itself.
+
 def _call(inputs):
-    return fused_linear_cross_entropy(inputs["hidden"], inputs["weight"], inputs["target"], chunk_size=CHUNK,
-                                      **_kwargs(inputs))
+    h = inputs["hidden"]
+    return fused_linear_cross_entropy(h, inputs["weight"], inputs["target"], chunk_size=CHUNK,
+                                      **_kwargs(inputs)).to(h.dtype)
 
 
 def _call_pybind(inputs):
-    return fused_linear_cross_entropy_pybind(inputs["hidden"], inputs["weight"], inputs["target"], chunk_size=CHUNK,
-                                             **_kwargs(inputs))
+    h = inputs["hidden"]
+    return fused_linear_cross_entropy_pybind(h, inputs["weight"], inputs["target"], chunk_size=CHUNK,
+                                             **_kwargs(inputs)).to(h.dtype)
 
 
-def loss_formula(hidden, weight, target, bias=None, ignore_index=IGNORE_INDEX, label_smoothing=0.0, z_loss=0.0,
-                 softcap=None):
-    """The mean loss with PyTorch ops in hidden's dtype (float64 inputs: the reference)."""
+def loss_formula(hidden, weight, target, bias=None, ignore_index=IGNORE_INDEX, reduction="mean", label_smoothing=0.0,
+                 z_loss=0.0, softcap=None):
+    """The reduced loss with PyTorch ops in hidden's dtype (float64 inputs: the reference)."""
     logits = F.linear(hidden.reshape(-1, hidden.shape[-1]), weight, bias)
     t = target.reshape(-1)
     per_row = formula(logits, t, None, ignore_index, label_smoothing, z_loss, softcap)
+    if reduction == "sum":
+        return per_row.sum()
     count = (t != ignore_index).sum()
     # no token counted: NaN loss and zero gradients, as PyTorch's mean gives
     return torch.where(count > 0, per_row.sum() / count.clamp(min=1), per_row.new_tensor(math.nan))
@@ -91,6 +103,7 @@ def _opcheck(inputs):
     args = (inputs["bias"], inputs.get("ignore_index", IGNORE_INDEX), LABEL_SMOOTHING, Z_LOSS, SOFTCAP)
     op = torch.ops.opsmith.fused_linear_cross_entropy_fwd.default
     return [(op, (h2, inputs["weight"], t1) + args + (2, CHUNK, False, False, False)),
+            (op, (h2, inputs["weight"], t1) + args + (2, 0, True, True, False)),
             (op, (h2, inputs["weight"], t1) + args + (1, 0, True, True, True))]
 
 
@@ -112,7 +125,8 @@ _HOSTILE = (
     Hostile("nan_in_hidden", lambda d, g: _edited(d, g, _set_hidden((1, 5), math.nan)),
             "NaN loss (the NaN row's logits are NaN)", input="one NaN in hidden"),
     Hostile("all_ignored", lambda d, g: _edited(d, g, lambda i: i["target"].fill_(IGNORE_INDEX)),
-            "NaN loss, zero gradients (mean over no tokens, as PyTorch)", input="every target is ignore_index"),
+            "sum: 0 and zero gradients (mean: NaN and zero gradients, as PyTorch; tests/test_fused_linear_cross_entropy.py)",
+            input="every target is ignore_index"),
     Hostile("float_target", lambda d, g: {**_make_inputs((4, 16), torch.float32, d, g),
                                           "target": torch.zeros(4, device=d)},
             "", input="float32 target",
