@@ -147,7 +147,8 @@ _HOSTILE = (
 # D from the vocabulary (Llama 3's head for 128256, Gemma 2's for 262144)
 
 def _dim_for(v):
-    return {128256: 4096, 262144: 2304}.get(v, 2048)
+    # the heads; a narrow D elsewhere (the CPU benchmark's shapes)
+    return {128256: 4096, 262144: 2304, 32768: 2048}.get(v, 256)
 
 
 _TARGETS = {}
