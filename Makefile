@@ -42,7 +42,8 @@ HEADERS := include/opsmith.h $(wildcard include/opsmith/*.h) $(wildcard csrc/*.h
            $(wildcard csrc/cuda/*.cuh)
 ifeq ($(WITH_CUDA),1)
 OBJS := $(C_SRCS:%.c=build/%.o) $(CU_SRCS:%.cu=build/%.o)
-CUDA_LINK := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart
+# cuBLASLt: fused_linear_cross_entropy's matrix products
+CUDA_LINK := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublasLt
 CUDA_TEST_FLAGS := -DOPSMITH_WITH_CUDA=1 -I$(CUDA_HOME)/include
 else
 OBJS := $(C_SRCS:%.c=build/%.o) $(NO_CUDA_SRCS:%.c=build/%.o)

@@ -106,6 +106,11 @@ def common(route_a: bool):
     # for functions no bridge calls, such as opsmith_has_cuda); route A only
     # what its bridge uses
     link = ["-fopenmp"] if route_a else ["-Wl,--whole-archive", archive, "-Wl,--no-whole-archive", "-fopenmp"]
+    if WITH_CUDA:
+        # fused_linear_cross_entropy's matrix products (cuBLASLt, the same major
+        # version as torch's own): after the archive that uses it, or a linker
+        # with --as-needed drops it
+        link.append("-lcublasLt")
     return dict(
         include_dirs=[here("include"), here("csrc")],
         extra_objects=[archive] if route_a else [],

@@ -163,5 +163,6 @@ OPSMITH_API void opsmith_store_from_double(opsmith_dtype dtype, void *base, int6
 #include "opsmith/adamw.h"
 #include "opsmith/cross_entropy.h"
 #include "opsmith/softmax.h"
+#include "opsmith/fused_linear_cross_entropy.h"
 
 #endif /* OPSMITH_H */

@@ -41,11 +41,12 @@ template <typename A> __device__ __forceinline__ A capped(A v, const Opts<A> &o)
     return o.cap > A(0) ? o.cap * tanh_acc(v * o.inv_cap) : v;
 }
 
-/* ws: loss_rows[rows], z_rows[rows], denom, wsum */
+/* dw: denom, wsum (the fused linear op's chunks share one pair); the
+ * forward's workspace: loss_rows[rows], z_rows[rows], denom, wsum */
 template <typename A>
 __global__ void __launch_bounds__(kPrepThreads)
 prep_kernel(int64_t rows, int64_t n, const int64_t *__restrict__ tg, int64_t ts, const A *__restrict__ w,
-            int64_t ignore, A *__restrict__ ws) {
+            int64_t ignore, A *__restrict__ dw) {
     __shared__ A scratch[32];
     A d = 0, ww = 0;
     for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) {
@@ -56,7 +57,7 @@ prep_kernel(int64_t rows, int64_t n, const int64_t *__restrict__ tg, int64_t ts,
         for (int64_t c = threadIdx.x; c < n; c += blockDim.x) ww += w[c];
     d = block_sum(d, scratch);
     ww = w ? block_sum(ww, scratch) : A(n);
-    if (threadIdx.x == 0) ws[2 * rows] = d, ws[2 * rows + 1] = ww;
+    if (threadIdx.x == 0) dw[0] = d, dw[1] = ww;
 }
 
 /* What a row's threads share once its statistics are final: the loss
@@ -81,13 +82,14 @@ template <typename A> struct RowGrad {
 /* The row's loss, z-loss and lse (one thread), and its gradient's
  * constants. y_t: the target's capped logit, read before any write. */
 template <typename A>
-__device__ __forceinline__ RowGrad<A> row_finish(const RowStat<A> &st, A wy, A y_t, int64_t r, int64_t rows,
-                                                 int64_t t, bool ignored, bool bad, const A *w, const Opts<A> &o,
-                                                 int reduction, A *ws, A *lse_out, int64_t *error, bool writer) {
+__device__ __forceinline__ RowGrad<A> row_finish(const RowStat<A> &st, A wy, A y_t, int64_t r, int64_t t,
+                                                 bool ignored, bool bad, const A *w, const Opts<A> &o, int reduction,
+                                                 const A *dw, A *loss_rows, A *z_rows, int64_t row_offset,
+                                                 A *lse_out, int64_t *error, bool writer) {
     const RowNorm<A> nr(st);
     const A lse = nr.lse();
     const bool smooth = o.ls_n > A(0);
-    const A W = ws[2 * rows + 1];
+    const A W = dw[1];
     const A wt = ignored || bad ? A(0) : w ? w[t] : A(1);
     if (writer) {
         if (lse_out) lse_out[r] = lse;
@@ -95,16 +97,16 @@ __device__ __forceinline__ RowGrad<A> row_finish(const RowStat<A> &st, A wy, A y
         if (bad) {
             l = zl = nan_acc<A>();
             if (atomicCAS(reinterpret_cast<unsigned long long *>(error), 0ull, 1ull) == 0ull)
-                error[1] = r, error[2] = t;
+                error[1] = row_offset + r, error[2] = t;
         } else if (!ignored) {
             zl = o.z * lse * lse;
             /* (m - y_t) + log_s: lse - y_t without lse's rounding */
             l = o.one_m_ls * wt * ((nr.m - y_t) + nr.log_s) + zl;
             if (smooth) l += o.ls_n * (W * lse - wy);
         }
-        ws[r] = l, ws[rows + r] = zl;
+        loss_rows[r] = l, z_rows[r] = zl;
     }
-    const A scale = reduction == OPSMITH_CROSS_ENTROPY_REDUCTION_MEAN ? A(1) / ws[2 * rows] : A(1);
+    const A scale = reduction == OPSMITH_CROSS_ENTROPY_REDUCTION_MEAN ? A(1) / dw[0] : A(1);
     RowGrad<A> g{nr, (o.one_m_ls * wt + o.ls_n * W + A(2) * o.z * lse) * scale, o.one_m_ls * wt * scale,
                  o.ls_n * scale, bad ? nan_acc<A>() : A(0), t, ignored || bad, w, o};
     return g;
@@ -113,8 +115,9 @@ __device__ __forceinline__ RowGrad<A> row_finish(const RowStat<A> &st, A wy, A y
 template <typename T, typename A, bool PACKED>
 __global__ void rows_kernel(int64_t rows, int64_t n, const T *x, int64_t xs, const int64_t *__restrict__ tg,
                             int64_t ts, const A *__restrict__ w, int64_t ignore, Opts<A> o, int reduction,
-                            A *__restrict__ ws, A *__restrict__ lse_out, T *dl, int64_t dls,
-                            int64_t *__restrict__ error) {
+                            const A *__restrict__ dw, A *__restrict__ loss_rows, A *__restrict__ z_rows,
+                            A *__restrict__ lse_out, T *dl, int64_t dls, int64_t *__restrict__ error,
+                            int64_t row_offset) {
     __shared__ A scratch[96];
     constexpr int V = PACKED ? Pack<T>::VEC : 1;
     const int64_t r = blockIdx.x;
@@ -150,8 +153,8 @@ __global__ void rows_kernel(int64_t rows, int64_t n, const T *x, int64_t xs, con
     }
     st.block_merge(scratch);
     if (smooth) wy = block_sum(wy, scratch);
-    const RowGrad<A> grad =
-        row_finish(st, wy, y_t, r, rows, t, ignored, bad, w, o, reduction, ws, lse_out, error, threadIdx.x == 0);
+    const RowGrad<A> grad = row_finish(st, wy, y_t, r, t, ignored, bad, w, o, reduction, dw, loss_rows, z_rows,
+                                       row_offset, lse_out, error, threadIdx.x == 0);
     if (!dl) return;
 
     /* sweep 2: the gradient, scaled by the reduction (the row again, from L2 while it is there) */
@@ -180,8 +183,9 @@ __global__ void rows_kernel(int64_t rows, int64_t n, const T *x, int64_t xs, con
 template <typename T, typename A, int CTAS>
 __global__ void __launch_bounds__(kSliceThreads, kSliceMinBlocks)
 rows_slice_kernel(int64_t rows, int64_t n, const T *x, int64_t xs, const int64_t *__restrict__ tg, int64_t ts,
-                  const A *__restrict__ w, int64_t ignore, Opts<A> o, int reduction, A *__restrict__ ws,
-                  A *__restrict__ lse_out, T *dl, int64_t dls, int64_t *__restrict__ error) {
+                  const A *__restrict__ w, int64_t ignore, Opts<A> o, int reduction, const A *__restrict__ dw,
+                  A *__restrict__ loss_rows, A *__restrict__ z_rows, A *__restrict__ lse_out, T *dl, int64_t dls,
+                  int64_t *__restrict__ error, int64_t row_offset) {
     extern __shared__ __align__(16) unsigned char slice_smem[];
     Pack<T> *buf = reinterpret_cast<Pack<T> *>(slice_smem);
     __shared__ A scratch[96], part[4];
@@ -241,7 +245,8 @@ rows_slice_kernel(int64_t rows, int64_t n, const T *x, int64_t xs, const int64_t
         }
         cluster_arrive_relaxed();
     }
-    const RowGrad<A> grad = row_finish(st, wy, y_t, r, rows, t, ignored, bad, w, o, reduction, ws, lse_out, error, writer);
+    const RowGrad<A> grad = row_finish(st, wy, y_t, r, t, ignored, bad, w, o, reduction, dw, loss_rows, z_rows,
+                                       row_offset, lse_out, error, writer);
     if (dl) {
         T *d = dl + r * dls;
         for (int64_t j = p0 + threadIdx.x; j < p1; j += blockDim.x) {
@@ -259,21 +264,22 @@ rows_slice_kernel(int64_t rows, int64_t n, const T *x, int64_t xs, const int64_t
 /* the reduced loss and z-loss (or the per-row values, reduction none) */
 template <typename T, typename A>
 __global__ void __launch_bounds__(kPrepThreads)
-finish_kernel(int64_t rows, int reduction, const A *__restrict__ ws, T *__restrict__ loss, T *__restrict__ zout) {
+finish_kernel(int64_t rows, int reduction, const A *__restrict__ loss_rows, const A *__restrict__ z_rows,
+              const A *__restrict__ dw, T *__restrict__ loss, T *__restrict__ zout) {
     __shared__ A scratch[32];
     if (reduction == OPSMITH_CROSS_ENTROPY_REDUCTION_NONE) {
         for (int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; r < rows; r += (int64_t)gridDim.x * blockDim.x) {
-            loss[r] = from_acc<T>(ws[r]);
-            if (zout) zout[r] = from_acc<T>(ws[rows + r]);
+            loss[r] = from_acc<T>(loss_rows[r]);
+            if (zout) zout[r] = from_acc<T>(z_rows[r]);
         }
         return;
     }
     A l = 0, zl = 0;
-    for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) l += ws[r], zl += ws[rows + r];
+    for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) l += loss_rows[r], zl += z_rows[r];
     l = block_sum(l, scratch);
     zl = block_sum(zl, scratch);
     if (threadIdx.x == 0) {
-        const A d = reduction == OPSMITH_CROSS_ENTROPY_REDUCTION_MEAN ? ws[2 * rows] : A(1);
+        const A d = reduction == OPSMITH_CROSS_ENTROPY_REDUCTION_MEAN ? dw[0] : A(1);
         loss[0] = from_acc<T>(l / d);
         if (zout) zout[0] = from_acc<T>(zl / d);
     }
@@ -305,7 +311,7 @@ __global__ void scale_kernel(int64_t n, const T *__restrict__ g, int64_t gs, con
 
 template <typename T, typename A>
 using SliceKernel = void (*)(int64_t, int64_t, const T *, int64_t, const int64_t *, int64_t, const A *, int64_t, Opts<A>,
-                             int, A *, A *, T *, int64_t, int64_t *);
+                             int, const A *, A *, A *, A *, T *, int64_t, int64_t *, int64_t);
 
 inline int threads_for(int64_t n, int vec) {
     const int64_t steps = (n + vec - 1) / vec;
@@ -313,48 +319,81 @@ inline int threads_for(int64_t n, int vec) {
 }
 
 template <opsmith_dtype D>
-opsmith_status fwd(int64_t rows, int64_t n, const void *x, int64_t xs, const int64_t *tg, int64_t ts, const void *w,
-                   int64_t ignore, double ls, double z, double cap, int red, void *loss, void *zout, void *lse,
-                   void *dl, int64_t dls, int64_t *error, void *workspace, cudaStream_t stream) {
+opsmith_status prep(int64_t rows, int64_t n, const int64_t *tg, int64_t ts, const void *w, int64_t ignore, void *dw,
+                    cudaStream_t stream) {
+    using A = typename Storage<D>::Acc;
+    prep_kernel<A><<<1, kPrepThreads, 0, stream>>>(rows, n, tg, ts, static_cast<const A *>(w), ignore,
+                                                   static_cast<A *>(dw));
+    return launch_status();
+}
+
+template <opsmith_dtype D>
+opsmith_status rows_pass(int64_t rows, int64_t n, const void *x, int64_t xs, const int64_t *tg, int64_t ts,
+                         const void *w, int64_t ignore, double ls, double z, double cap, int red, const void *dw,
+                         void *loss_rows, void *z_rows, void *lse, void *dl, int64_t dls, int64_t *error,
+                         int64_t row_offset, cudaStream_t stream) {
     using T = typename Storage<D>::T;
     using A = typename Storage<D>::Acc;
     constexpr int vec = Pack<T>::VEC;
-    A *ws = static_cast<A *>(workspace);
-    const A *wp = static_cast<const A *>(w);
-    prep_kernel<A><<<1, kPrepThreads, 0, stream>>>(rows, n, tg, ts, wp, ignore, ws);
-    if (rows > 0) {
-        Opts<A> o;
-        o.ls_n = (A)(ls / (double)n), o.one_m_ls = (A)(1.0 - ls), o.z = (A)z, o.cap = (A)cap;
-        o.inv_cap = cap > 0 ? (A)(1.0 / cap) : A(0);
-        const T *xp = static_cast<const T *>(x);
-        T *dp = static_cast<T *>(dl);
-        const bool packed = aligned16(x) && (rows == 1 || xs % vec == 0) &&
-                            (!dl || (aligned16(dl) && (rows == 1 || dls % vec == 0)));
-        const int threads = threads_for(n, packed ? vec : 1);
-        A *lp = static_cast<A *>(lse);
-        Launch l{nullptr, 0, 0, 0, 0, "streaming"};
-        if (packed) {
-            const void *const kernels[4] = {
-                reinterpret_cast<const void *>(rows_slice_kernel<T, A, 1>),
-                reinterpret_cast<const void *>(rows_slice_kernel<T, A, 2>),
-                reinterpret_cast<const void *>(rows_slice_kernel<T, A, 4>),
-                reinterpret_cast<const void *>(rows_slice_kernel<T, A, 8>)};
-            l = slice_launch(kernels, rows, n / vec, 1);
-        }
-        if (l.grid)
-            launch<SliceKernel<T, A>>(l, stream, rows, n, xp, xs, tg, ts, wp, ignore, o, red, ws, lp, dp, dls, error);
-        else if (packed)
-            rows_kernel<T, A, true><<<(unsigned)rows, threads, 0, stream>>>(rows, n, xp, xs, tg, ts, wp, ignore, o, red,
-                                                                           ws, static_cast<A *>(lse), dp, dls, error);
-        else
-            rows_kernel<T, A, false><<<(unsigned)rows, threads, 0, stream>>>(rows, n, xp, xs, tg, ts, wp, ignore, o, red,
-                                                                            ws, static_cast<A *>(lse), dp, dls, error);
+    if (rows == 0) return OPSMITH_STATUS_SUCCESS;
+    Opts<A> o;
+    o.ls_n = (A)(ls / (double)n), o.one_m_ls = (A)(1.0 - ls), o.z = (A)z, o.cap = (A)cap;
+    o.inv_cap = cap > 0 ? (A)(1.0 / cap) : A(0);
+    const T *xp = static_cast<const T *>(x);
+    T *dp = static_cast<T *>(dl);
+    const A *wp = static_cast<const A *>(w), *dwp = static_cast<const A *>(dw);
+    A *lr = static_cast<A *>(loss_rows), *zr = static_cast<A *>(z_rows), *lp = static_cast<A *>(lse);
+    const bool packed = aligned16(x) && (rows == 1 || xs % vec == 0) &&
+                        (!dl || (aligned16(dl) && (rows == 1 || dls % vec == 0)));
+    const int threads = threads_for(n, packed ? vec : 1);
+    Launch l{nullptr, 0, 0, 0, 0, "streaming"};
+    if (packed) {
+        const void *const kernels[4] = {
+            reinterpret_cast<const void *>(rows_slice_kernel<T, A, 1>),
+            reinterpret_cast<const void *>(rows_slice_kernel<T, A, 2>),
+            reinterpret_cast<const void *>(rows_slice_kernel<T, A, 4>),
+            reinterpret_cast<const void *>(rows_slice_kernel<T, A, 8>)};
+        l = slice_launch(kernels, rows, n / vec, 1);
     }
+    if (l.grid)
+        launch<SliceKernel<T, A>>(l, stream, rows, n, xp, xs, tg, ts, wp, ignore, o, red, dwp, lr, zr, lp, dp, dls,
+                                  error, row_offset);
+    else if (packed)
+        rows_kernel<T, A, true><<<(unsigned)rows, threads, 0, stream>>>(rows, n, xp, xs, tg, ts, wp, ignore, o, red,
+                                                                       dwp, lr, zr, lp, dp, dls, error, row_offset);
+    else
+        rows_kernel<T, A, false><<<(unsigned)rows, threads, 0, stream>>>(rows, n, xp, xs, tg, ts, wp, ignore, o, red,
+                                                                        dwp, lr, zr, lp, dp, dls, error, row_offset);
+    return launch_status();
+}
+
+template <opsmith_dtype D>
+opsmith_status finish(int64_t rows, int red, const void *loss_rows, const void *z_rows, const void *dw, void *loss,
+                      void *zout, cudaStream_t stream) {
+    using T = typename Storage<D>::T;
+    using A = typename Storage<D>::Acc;
     const unsigned fin = red == OPSMITH_CROSS_ENTROPY_REDUCTION_NONE
                              ? (unsigned)(rows / kPrepThreads + 1 < 4096 ? rows / kPrepThreads + 1 : 4096)
                              : 1u;
-    finish_kernel<T, A><<<fin, kPrepThreads, 0, stream>>>(rows, red, ws, static_cast<T *>(loss), static_cast<T *>(zout));
+    finish_kernel<T, A><<<fin, kPrepThreads, 0, stream>>>(rows, red, static_cast<const A *>(loss_rows),
+                                                          static_cast<const A *>(z_rows), static_cast<const A *>(dw),
+                                                          static_cast<T *>(loss), static_cast<T *>(zout));
     return launch_status();
+}
+
+template <opsmith_dtype D>
+opsmith_status fwd(int64_t rows, int64_t n, const void *x, int64_t xs, const int64_t *tg, int64_t ts, const void *w,
+                   int64_t ignore, double ls, double z, double cap, int red, void *loss, void *zout, void *lse,
+                   void *dl, int64_t dls, int64_t *error, void *workspace, cudaStream_t stream) {
+    using A = typename Storage<D>::Acc;
+    A *ws = static_cast<A *>(workspace);
+    A *dw = ws + 2 * rows;
+    opsmith_status st = prep<D>(rows, n, tg, ts, w, ignore, dw, stream);
+    if (st == OPSMITH_STATUS_SUCCESS)
+        st = rows_pass<D>(rows, n, x, xs, tg, ts, w, ignore, ls, z, cap, red, dw, ws, ws + rows, lse, dl, dls, error,
+                          0, stream);
+    if (st == OPSMITH_STATUS_SUCCESS) st = finish<D>(rows, red, ws, ws + rows, dw, loss, zout, stream);
+    return st;
 }
 
 template <opsmith_dtype D>
@@ -412,5 +451,39 @@ extern "C" opsmith_status opsmith_cross_entropy_bwd_cuda(opsmith_dtype dtype, in
     return dispatch_float(dtype, OPSMITH_STATUS_UNSUPPORTED_DTYPE, [&](auto tag) {
         return bwd<decltype(tag)::value>(rows, n, grad, grad_stride, dlogits, dlogits_row_stride, dx, dx_row_stride,
                                          stream);
+    });
+}
+
+extern "C" opsmith_status opsmith_internal_cross_entropy_prep_cuda(opsmith_dtype dtype, int64_t rows, int64_t n,
+                                                                  const int64_t *target, int64_t target_stride,
+                                                                  const void *weight, int64_t ignore_index,
+                                                                  void *denom_wsum, opsmith_cuda_stream stream) {
+    return dispatch_float(dtype, OPSMITH_STATUS_UNSUPPORTED_DTYPE, [&](auto tag) {
+        return prep<decltype(tag)::value>(rows, n, target, target_stride, weight, ignore_index, denom_wsum, stream);
+    });
+}
+
+extern "C" opsmith_status opsmith_internal_cross_entropy_rows_cuda(
+    opsmith_dtype dtype, int64_t rows, int64_t n, const void *logits, int64_t logits_row_stride,
+    const int64_t *target, int64_t target_stride, const void *weight, int64_t ignore_index, double label_smoothing,
+    double z_loss, double softcap, int reduction, const void *denom_wsum, void *loss_rows, void *z_rows,
+    void *dlogits, int64_t dlogits_row_stride, int64_t *error, int64_t row_offset, opsmith_cuda_stream stream) {
+    if (rows > 0x7fffffffLL)
+        return opsmith_internal_fail(OPSMITH_STATUS_INVALID_ARGUMENT,
+                                     "cross_entropy rows pass: rows (%lld) must be < 2^31", (long long)rows);
+    return dispatch_float(dtype, OPSMITH_STATUS_UNSUPPORTED_DTYPE, [&](auto tag) {
+        return rows_pass<decltype(tag)::value>(rows, n, logits, logits_row_stride, target, target_stride, weight,
+                                               ignore_index, label_smoothing, z_loss, softcap, reduction, denom_wsum,
+                                               loss_rows, z_rows, nullptr, dlogits, dlogits_row_stride, error, row_offset,
+                                               stream);
+    });
+}
+
+extern "C" opsmith_status opsmith_internal_cross_entropy_finish_cuda(opsmith_dtype dtype, int64_t rows, int reduction,
+                                                                    const void *loss_rows, const void *z_rows,
+                                                                    const void *denom_wsum, void *loss, void *z_out,
+                                                                    opsmith_cuda_stream stream) {
+    return dispatch_float(dtype, OPSMITH_STATUS_UNSUPPORTED_DTYPE, [&](auto tag) {
+        return finish<decltype(tag)::value>(rows, reduction, loss_rows, z_rows, denom_wsum, loss, z_out, stream);
     });
 }

@@ -26,6 +26,37 @@ OPSMITH_INTERNAL opsmith_status opsmith_internal_cross_entropy_bwd_check(const c
                                                                          int64_t dlogits_row_stride, const void *dx,
                                                                          int64_t dx_row_stride);
 
+/* The CUDA forward's three launches, for fused_linear_cross_entropy (which
+ * runs the rows pass on each chunk of logits it computes, against one
+ * denominator counted over every row first). A = the accumulate type.
+ *   prep:   denom_wsum[0] = sum of w[t] over the rows not ignored (targets in
+ *           range), denom_wsum[1] = sum_c w[c] (weight NULL: n);
+ *   rows:   per-row losses and z-losses into loss_rows[r], z_rows[r] (A), the
+ *           gradient (scaled by 1 / denom_wsum[0] for MEAN) into dlogits; a
+ *           bad target's row is reported as row_offset + r (the chunk's first
+ *           row in the caller's numbering);
+ *   finish: the reduced loss and z-loss from `rows` per-row values (SUM or
+ *           MEAN; loss and z_out in dtype, z_out may be NULL).
+ * No argument checks: the caller's launcher has made them. */
+OPSMITH_INTERNAL opsmith_status opsmith_internal_cross_entropy_prep_cuda(opsmith_dtype dtype, int64_t rows, int64_t n,
+                                                                         const int64_t *target, int64_t target_stride,
+                                                                         const void *weight, int64_t ignore_index,
+                                                                         void *denom_wsum, opsmith_cuda_stream stream);
+OPSMITH_INTERNAL opsmith_status opsmith_internal_cross_entropy_rows_cuda(
+    opsmith_dtype dtype, int64_t rows, int64_t n, const void *logits, int64_t logits_row_stride,
+    const int64_t *target, int64_t target_stride, const void *weight, int64_t ignore_index, double label_smoothing,
+    double z_loss, double softcap, int reduction, const void *denom_wsum, void *loss_rows, void *z_rows,
+    void *dlogits, int64_t dlogits_row_stride, int64_t *error, int64_t row_offset, opsmith_cuda_stream stream);
+OPSMITH_INTERNAL opsmith_status opsmith_internal_cross_entropy_finish_cuda(opsmith_dtype dtype, int64_t rows,
+                                                                           int reduction, const void *loss_rows,
+                                                                           const void *z_rows, const void *denom_wsum,
+                                                                           void *loss, void *z_out,
+                                                                           opsmith_cuda_stream stream);
+
+/* After opsmith_cross_entropy_fwd_cpu returns, its workspace holds the
+ * per-row losses at [0, rows) and z-losses at [rows, 2 rows), in A (what
+ * fused_linear_cross_entropy's CPU path reduces over every chunk). */
+
 #ifdef __cplusplus
 }
 #endif

@@ -20,6 +20,7 @@ OP_MODULES = (
     "adamw",
     "cross_entropy",
     "softmax",
+    "fused_linear_cross_entropy",
 )
 
 _KINDS = ("FUNCTIONS", "MODULES", "PYBIND")

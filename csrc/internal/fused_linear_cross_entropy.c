@@ -1,0 +1,118 @@
+/* fused_linear_cross_entropy: argument validation, the default chunk and the
+ * workspace layout, shared by the CPU and CUDA launchers. */
+#include <math.h>
+
+#include "internal/fused_linear_cross_entropy.h"
+
+#define DEFAULT_BUDGET ((size_t)512 << 20)
+
+int64_t opsmith_fused_linear_cross_entropy_chunk_rows(opsmith_dtype dtype, int64_t rows, int64_t vocab,
+                                                      size_t budget_bytes) {
+    const size_t size = opsmith_dtype_is_float(dtype) ? opsmith_dtype_size(dtype) : 4;
+    const size_t budget = budget_bytes ? budget_bytes : DEFAULT_BUDGET;
+    int64_t c = vocab > 0 ? (int64_t)(budget / (size * (size_t)vocab)) : rows;
+    if (c >= 256) c = c / 128 * 128;
+    if (c > rows) c = rows;
+    return c < 1 ? 1 : c;
+}
+
+static size_t up(size_t b) { return (b + 255) / 256 * 256; }
+
+opsmith_flce_layout opsmith_internal_flce_layout(opsmith_dtype dtype, int64_t rows, int64_t dim, int64_t vocab,
+                                                 int64_t chunk, int fp32_dweight, int cuda) {
+    opsmith_flce_layout l = {0};
+    if (chunk <= 0) chunk = opsmith_fused_linear_cross_entropy_chunk_rows(dtype, rows, vocab, 0);
+    if (chunk > rows) chunk = rows > 0 ? rows : 1;
+    const size_t size = opsmith_dtype_size(dtype), acc = dtype == OPSMITH_DTYPE_F64 ? 8 : 4;
+    const int narrow = size == 2;
+    const size_t R = (size_t)(rows > 0 ? rows : 0), C = (size_t)chunk, D = (size_t)dim, V = (size_t)vocab;
+    size_t at = 0;
+#define TAKE(field, bytes) (l.field = at, at += up(bytes))
+    if (cuda) {
+        TAKE(loss_rows, R * acc);
+        TAKE(z_rows, R * acc);
+        TAKE(denom_wsum, 2 * acc);
+        TAKE(logits, C * V * size);
+        if (fp32_dweight && narrow) TAKE(dweight32, V * D * 4);
+        TAKE(dbias, V * acc);
+        TAKE(lt, OPSMITH_FLCE_CUBLASLT_WORKSPACE);
+    } else {
+        l.ce_bytes = opsmith_cross_entropy_fwd_workspace_size(dtype, chunk);
+        TAKE(logits, C * V * size);
+        TAKE(ce, l.ce_bytes);
+        if (narrow) TAKE(wf, V * D * acc);
+        if (narrow) TAKE(hf, C * D * acc);
+        TAKE(dh, C * D * acc);
+        TAKE(dweight, V * D * acc);
+        TAKE(dbias, V * acc);
+    }
+#undef TAKE
+    l.total = at;
+    return l;
+}
+
+size_t opsmith_fused_linear_cross_entropy_workspace_size(opsmith_dtype dtype, int64_t rows, int64_t dim, int64_t vocab,
+                                                         int64_t chunk_rows, int fp32_dweight, int cuda) {
+    if ((unsigned)dtype >= OPSMITH_DTYPE_COUNT || !opsmith_dtype_is_float(dtype) || dim < 1 || vocab < 1) return 0;
+    return opsmith_internal_flce_layout(dtype, rows, dim, vocab, chunk_rows, fp32_dweight, cuda).total;
+}
+
+opsmith_status opsmith_internal_flce_check(const char *op, opsmith_dtype dtype, int64_t rows, int64_t dim,
+                                           int64_t vocab, const void *hidden, int64_t hidden_row_stride,
+                                           const void *weight, const void *bias, const int64_t *target, double ls,
+                                           double z_loss, double softcap, int reduction, int64_t *chunk_rows,
+                                           int fp32_dweight, const void *loss, const void *dhidden,
+                                           const void *dweight, const void *dbias, const int64_t *error, int cuda,
+                                           const void *workspace, size_t workspace_bytes) {
+    const opsmith_status bad = OPSMITH_STATUS_INVALID_ARGUMENT;
+    opsmith_internal_clear_error();
+    if ((unsigned)dtype >= OPSMITH_DTYPE_COUNT || !opsmith_dtype_is_float(dtype))
+        return opsmith_internal_fail(OPSMITH_STATUS_UNSUPPORTED_DTYPE,
+                                     "%s: dtype must be f64, f32, f16 or bf16, got %s (%d)", op,
+                                     opsmith_dtype_name(dtype), (int)dtype);
+    if (rows < 0) return opsmith_internal_fail(bad, "%s: rows (%lld) must be >= 0", op, (long long)rows);
+    if (dim < 1) return opsmith_internal_fail(bad, "%s: dim (%lld) must be >= 1", op, (long long)dim);
+    if (vocab < 1) return opsmith_internal_fail(bad, "%s: vocab (%lld) must be >= 1", op, (long long)vocab);
+    if (!(ls >= 0.0 && ls <= 1.0))
+        return opsmith_internal_fail(bad, "%s: label_smoothing (%g) must be in [0, 1]", op, ls);
+    if (!(z_loss >= 0.0 && isfinite(z_loss)))
+        return opsmith_internal_fail(bad, "%s: z_loss (%g) must be finite and >= 0", op, z_loss);
+    if (!(softcap >= 0.0 && isfinite(softcap)))
+        return opsmith_internal_fail(bad, "%s: softcap (%g) must be finite and > 0 (or 0: none)", op, softcap);
+    if (reduction != OPSMITH_CROSS_ENTROPY_REDUCTION_SUM && reduction != OPSMITH_CROSS_ENTROPY_REDUCTION_MEAN)
+        return opsmith_internal_fail(bad, "%s: reduction (%d) must be 1 (sum) or 2 (mean)", op, reduction);
+    if (*chunk_rows <= 0) *chunk_rows = opsmith_fused_linear_cross_entropy_chunk_rows(dtype, rows, vocab, 0);
+    if (!loss) return opsmith_internal_fail(bad, "%s: loss is NULL", op);
+    if (cuda && !error) return opsmith_internal_fail(bad, "%s: error is NULL", op);
+    if (!weight) return opsmith_internal_fail(bad, "%s: weight is NULL", op);
+    if (!workspace && workspace_bytes)
+        return opsmith_internal_fail(bad, "%s: workspace is NULL", op);
+    opsmith_status s = opsmith_internal_check_workspace(
+        op, workspace, workspace_bytes,
+        opsmith_internal_flce_layout(dtype, rows, dim, vocab, *chunk_rows, fp32_dweight, cuda).total);
+    if (s != OPSMITH_STATUS_SUCCESS) return s;
+    if (rows > 0) {
+        if (!hidden) return opsmith_internal_fail(bad, "%s: hidden is NULL", op);
+        if (!target) return opsmith_internal_fail(bad, "%s: target is NULL", op);
+        if (rows > 1 && hidden_row_stride < dim)
+            return opsmith_internal_fail(bad, "%s: hidden_row_stride (%lld) must be >= dim (%lld) when rows > 1", op,
+                                         (long long)hidden_row_stride, (long long)dim);
+    }
+    const size_t size = opsmith_dtype_size(dtype);
+    const struct { const char *name; const void *p; } ptrs[] = {
+        {"hidden", hidden}, {"weight", weight}, {"bias", bias},
+        {"dhidden", dhidden}, {"dweight", dweight}, {"dbias", dbias},
+    };
+    for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++)
+        if (opsmith_internal_misaligned(ptrs[i].p, size))
+            return opsmith_internal_fail(OPSMITH_STATUS_MISALIGNED, "%s: %s (%p) is not aligned to %zu bytes", op,
+                                         ptrs[i].name, ptrs[i].p, size);
+    const size_t acc = dtype == OPSMITH_DTYPE_F64 ? 8 : 4;
+    if (opsmith_internal_misaligned(loss, acc))
+        return opsmith_internal_fail(OPSMITH_STATUS_MISALIGNED, "%s: loss (%p) is not aligned to %zu bytes", op, loss,
+                                     acc);
+    if (opsmith_internal_misaligned(target, 8))
+        return opsmith_internal_fail(OPSMITH_STATUS_MISALIGNED, "%s: target (%p) is not aligned to 8 bytes", op,
+                                     (const void *)target);
+    return OPSMITH_STATUS_SUCCESS;
+}
