@@ -7,6 +7,7 @@ A compiled part that is missing or does not load raises ImportError saying
 which part, where it was looked for, and the command that builds it for the
 way opsmith was installed (source tree, editable install, regular install)."""
 import glob
+import importlib.machinery
 import json
 import os
 import re
@@ -80,7 +81,16 @@ def missing_error(problems: List[str]) -> ImportError:
 
 
 def _find(pattern: str) -> Optional[str]:
+    """The compiled part matching pattern, built for this interpreter where
+    there is one: a tree built by two Pythons holds _C.cpython-311-*.so and
+    _C.cpython-312-*.so side by side, and the first by name is not the one the
+    running interpreter was built against (Python's own import machinery picks
+    route A by EXTENSION_SUFFIXES the same way)."""
     found = sorted(glob.glob(os.path.join(_HERE, pattern)))
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        for path in found:
+            if path.endswith(suffix):
+                return path
     return found[0] if found else None
 
 

@@ -307,6 +307,45 @@ def test_errors_name_the_argument(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_bridge_errors_name_the_argument(device):
+    # the C++ checks the Python functional runs before (target shape,
+    # reduction) and those of the backward, reached by calling the ops
+    # themselves, both routes: each message carries numbers, which once
+    # crashed the process (a segmentation fault, on the GPU machine) when
+    # streamed rather than formatted with text() (tests/test_bridge_messages.py)
+    x, t, w = make(4, 8, torch.float32, device, ignore_frac=0.0)
+    ops = torch.ops.opsmith
+    from opsmith import _pybind
+    dl = torch.randn(4, 8, device=device)
+    cases = [
+        (lambda f: f(x, t[:3], None, -100, 0.0, 0.0, 0.0, 2, False),
+         r"^cross_entropy: target must have shape \[4\] \(logits' rows\), got \[3\]"),
+        (lambda f: f(x, t, None, -100, 0.0, 0.0, 0.0, 7, False),
+         r"^cross_entropy: reduction must be 0 \(none\), 1 \(sum\) or 2 \(mean\), got 7$"),
+        (lambda f: f(x, t, w[:5], -100, 0.0, 0.0, 0.0, 2, False),
+         r"^cross_entropy: weight must have shape \[8\] \(one per class\), got \[5\]"),
+        (lambda f: f(x, t, w.view(2, 4), -100, 0.0, 0.0, 0.0, 2, True),
+         r"^cross_entropy: weight must have shape \[8\] \(one per class\), got \[2, 4\]"),
+    ]
+    for fwd in (ops.cross_entropy_fwd.default, _pybind.cross_entropy_fwd):
+        for fn, pattern in cases:
+            with pytest.raises(RuntimeError, match=pattern):
+                fn(fwd)
+    with pytest.raises(RuntimeError, match=r"^cross_entropy: weight must have shape \[8\] \(one per class\), got \[5\]"):
+        ops.cross_entropy_fwd_.default(x.clone(), t, w[:5], -100, 0.0, 0.0, 0.0, 2)
+    grad_pattern = (r"^cross_entropy: grad must be a scalar \(reduction sum or mean\) or have shape \[4\] "
+                    r"\(reduction none\), got \[3\]")
+    for bwd in (ops.cross_entropy_bwd.default, _pybind.cross_entropy_bwd):
+        with pytest.raises(RuntimeError, match=grad_pattern):
+            bwd(torch.randn(3, device=device), dl)
+    with pytest.raises(RuntimeError, match=grad_pattern):
+        ops.cross_entropy_bwd_.default(torch.randn(3, device=device), dl)
+    # the functional's own message for the weight, with a [V]-long weight of another shape
+    with pytest.raises(RuntimeError, match=r"^cross_entropy: weight must have shape \[8\] \(one per class\), got \[1, 8\]"):
+        cross_entropy(x, t, w.view(1, 8))
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 def test_gradcheck(device, reduction):
     x, t, w = make(5, 11, torch.float64, device)

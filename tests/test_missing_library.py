@@ -134,3 +134,19 @@ def test_this_checkout_is_recognised():
     else:
         assert kind == "installed" and "--force-reinstall" in command
     assert _library.missing_parts(_library.ROUTE_A, _library.ROUTE_B) == []
+
+
+def test_route_b_built_for_this_interpreter_is_loaded_first(tmp_path, monkeypatch):
+    # a tree built by two Pythons: the library tagged for the running one is
+    # loaded, not the first by name (a 3.12 interpreter loaded
+    # _C.cpython-311-*.so, the other Python's build, from such a tree)
+    import importlib.machinery
+    ours = importlib.machinery.EXTENSION_SUFFIXES[0]
+    names = ["_C.cpython-30-x86_64-linux-gnu.so", f"_C{ours}", "_C.cpython-399-x86_64-linux-gnu.so"]
+    for name in names:
+        (tmp_path / name).write_text("")
+    monkeypatch.setattr(_library, "_HERE", str(tmp_path))
+    assert _library._find("_C*.so") == str(tmp_path / f"_C{ours}")
+    (tmp_path / f"_C{ours}").unlink()
+    # none for this interpreter: the first by name, whose loading then says what is wrong
+    assert _library._find("_C*.so") == str(tmp_path / names[0])

@@ -49,20 +49,20 @@ Checked check_fwd(const at::Tensor &logits, const at::Tensor &target, const std:
                 target.scalar_type(), " (probability targets are not supported)");
     check_same_device(target, logits, kOp, "target");
     TORCH_CHECK(target.dim() == 1 && target.size(0) == logits.size(0), kOp, ": target must have shape [",
-                logits.size(0), "] (logits' rows), got ", text(target.sizes()));
+                text(logits.size(0)), "] (logits' rows), got ", text(target.sizes()));
     TORCH_CHECK(ls >= 0.0 && ls <= 1.0, kOp, ": label_smoothing must be in [0, 1], got ", text(ls));
     TORCH_CHECK(std::isfinite(z_loss) && z_loss >= 0.0, kOp, ": z_loss must be finite and >= 0, got ", text(z_loss));
     TORCH_CHECK(std::isfinite(softcap) && softcap >= 0.0, kOp, ": softcap must be finite and > 0 (or 0: none), got ",
                 text(softcap));
     TORCH_CHECK(reduction >= 0 && reduction <= 2, kOp, ": reduction must be 0 (none), 1 (sum) or 2 (mean), got ",
-                reduction);
+                text(reduction));
     at::Tensor w;
     if (weight.has_value() && weight->defined()) {
         check_same_device(*weight, logits, kOp, "weight");
         TORCH_CHECK(weight->scalar_type() == logits.scalar_type(), kOp, ": weight must have logits' dtype (",
                     logits.scalar_type(), "), got ", weight->scalar_type());
         TORCH_CHECK(weight->dim() == 1 && weight->size(0) == logits.size(1), kOp, ": weight must have shape [",
-                    logits.size(1), "] (one per class), got ", text(weight->sizes()));
+                    text(logits.size(1)), "] (one per class), got ", text(weight->sizes()));
         w = weight->to(accumulate_type(logits)).contiguous();
     }
     return {dtype, as_rows(logits), target.contiguous(), w};
@@ -99,8 +99,12 @@ void run_fwd(const Checked &c, const at::Tensor &logits, int64_t ignore_index, d
                                                z_loss, softcap, red, loss.data_ptr(), z.data_ptr(), lse.data_ptr(),
                                                dl, dls, error.data_ptr<int64_t>(), ws.data_ptr(), wb);
         // the C message names the launcher; the user called cross_entropy
-        TORCH_CHECK_INDEX(status != OPSMITH_STATUS_INVALID_ARGUMENT || !std::strstr(opsmith_last_error(), "out of range"),
-                          kOp, ": ", std::strstr(opsmith_last_error(), "target"));
+        // (from "target" on; the whole message if it has no "target": a null
+        // const char * must never reach the message)
+        if (status == OPSMITH_STATUS_INVALID_ARGUMENT && std::strstr(opsmith_last_error(), "out of range")) {
+            const char *m = opsmith_last_error(), *from = std::strstr(m, "target");
+            TORCH_CHECK_INDEX(false, kOp, ": ", std::string(from ? from : m));
+        }
     }
     check_status(status, kOp);
 }
@@ -151,7 +155,7 @@ void check_bwd(const at::Tensor &grad, const at::Tensor &dlogits) {
     TORCH_CHECK(grad.scalar_type() == dlogits.scalar_type(), kOp, ": grad must have dlogits' dtype (",
                 dlogits.scalar_type(), "), got ", grad.scalar_type());
     TORCH_CHECK(grad.dim() == 0 || (grad.dim() == 1 && grad.size(0) == dlogits.size(0)), kOp,
-                ": grad must be a scalar (reduction sum or mean) or have shape [", dlogits.size(0),
+                ": grad must be a scalar (reduction sum or mean) or have shape [", text(dlogits.size(0)),
                 "] (reduction none), got ", text(grad.sizes()));
 }
 

@@ -22,6 +22,13 @@ namespace opsmith {
 // rather than streamed: on a machine whose C++ compiler is newer than the
 // one torch was built with, streaming an integer or a double through the
 // libstdc++ loaded by torch crashed (seen on the GPU machine); strings are safe.
+// So every argument of a TORCH_CHECK message is a string (a literal, a
+// const char *, text(...)) or a c10 type printed by c10's own operator<<
+// (ScalarType, Device): never a bare number such as x.size(1). One bare
+// int64 in cross_entropy's weight check (logits.size(1)) was a segmentation
+// fault there (Python 3.12) on a wrong weight, where every check around it
+// raised. tests/test_bridge_messages.py enforces this over csrc/torch and
+// the new-op templates.
 inline std::string text(double v) {
     char buf[32];
     snprintf(buf, sizeof buf, "%g", v);
