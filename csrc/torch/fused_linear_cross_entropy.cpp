@@ -54,26 +54,26 @@ Checked check_fwd(const at::Tensor &hidden, const at::Tensor &weight, const at::
                 hidden.scalar_type(), "), got ", weight.scalar_type(),
                 " (under mixed precision use autocast, or cast the weight)");
     TORCH_CHECK(weight.dim() == 2 && weight.size(1) == hidden.size(1) && weight.size(0) >= 1, kOp,
-                ": weight must have shape [V, ", hidden.size(1), "] (the lm_head weight, V >= 1), got ",
+                ": weight must have shape [V, ", text(hidden.size(1)), "] (the lm_head weight, V >= 1), got ",
                 text(weight.sizes()));
     TORCH_CHECK(target.scalar_type() == at::kLong, kOp, ": target must be int64 class indices, got ",
                 target.scalar_type());
     check_same_device(target, hidden, kOp, "target");
     TORCH_CHECK(target.dim() == 1 && target.size(0) == hidden.size(0), kOp, ": target must have shape [",
-                hidden.size(0), "] (hidden's rows), got ", text(target.sizes()));
+                text(hidden.size(0)), "] (hidden's rows), got ", text(target.sizes()));
     if (bias.has_value() && bias->defined()) {
         check_same_device(*bias, hidden, kOp, "bias");
         TORCH_CHECK(bias->scalar_type() == hidden.scalar_type(), kOp, ": bias must have hidden's dtype (",
                     hidden.scalar_type(), "), got ", bias->scalar_type());
         TORCH_CHECK(bias->dim() == 1 && bias->size(0) == weight.size(0), kOp, ": bias must have shape [",
-                    weight.size(0), "] (weight's rows), got ", text(bias->sizes()));
+                    text(weight.size(0)), "] (weight's rows), got ", text(bias->sizes()));
     }
     TORCH_CHECK(ls >= 0.0 && ls <= 1.0, kOp, ": label_smoothing must be in [0, 1], got ", text(ls));
     TORCH_CHECK(std::isfinite(z_loss) && z_loss >= 0.0, kOp, ": z_loss must be finite and >= 0, got ", text(z_loss));
     TORCH_CHECK(std::isfinite(softcap) && softcap >= 0.0, kOp, ": softcap must be finite and > 0 (or 0: none), got ",
                 text(softcap));
-    TORCH_CHECK(reduction == 1 || reduction == 2, kOp, ": reduction must be 1 (sum) or 2 (mean), got ", reduction);
-    TORCH_CHECK(chunk_size >= 0, kOp, ": chunk_size must be >= 0 (0: chosen from the shape), got ", chunk_size);
+    TORCH_CHECK(reduction == 1 || reduction == 2, kOp, ": reduction must be 1 (sum) or 2 (mean), got ", text(reduction));
+    TORCH_CHECK(chunk_size >= 0, kOp, ": chunk_size must be >= 0 (0: chosen from the shape), got ", text(chunk_size));
     return {dtype, as_rows(hidden), weight.contiguous(), target.contiguous()};
 }
 
