@@ -14,8 +14,8 @@ everything as JSON.
 
 What comes from opsmith in the opsmith model: RMSNorm and the fused residual
 add + RMSNorm, the gated MLP (SwiGLU), and, where this build has them, the
-rotary embedding, the cross-entropy and the AdamW step; anything missing is
-named in the output and taken from PyTorch."""
+rotary embedding, the lm_head and cross-entropy fused (no logits), and the
+AdamW step; anything missing is named in the output and taken from PyTorch."""
 import json
 import math
 import os
@@ -70,6 +70,7 @@ def _optional(name):
 # what this build of opsmith has beyond the norms and the gated MLP
 APPLY_ROTARY = _optional("apply_rotary")
 CROSS_ENTROPY = _optional("cross_entropy")
+FUSED_LINEAR_CE = _optional("fused_linear_cross_entropy")
 OPTIM = _optional("optim")
 
 
@@ -200,6 +201,9 @@ class TinyLlama(torch.nn.Module):
             y, _ = self.norm(delta.to(h.dtype), h)
         else:
             y = self.norm(h + delta)
+        if self.use_opsmith and FUSED_LINEAR_CE is not None:
+            # the lm_head and the loss in one op: no [tokens, vocab] logits
+            return FUSED_LINEAR_CE(y.flatten(0, 1), self.lm_head.weight, targets.flatten())
         logits = self.lm_head(y).flatten(0, 1)
         if self.use_opsmith and CROSS_ENTROPY is not None:
             return CROSS_ENTROPY(logits, targets.flatten())
@@ -256,6 +260,11 @@ def per_op_times(cfg: Config, device, dtype) -> Dict[str, Dict[str, float]]:
     if CROSS_ENTROPY is not None:
         cases["cross_entropy"] = (lambda a, b: CROSS_ENTROPY(a, b), lambda a, b: F.cross_entropy(a.float(), b),
                                   (logits, t))
+    if FUSED_LINEAR_CE is not None:
+        head = torch.randn(VOCAB, d, generator=g).to(device, dtype) * d ** -0.5
+        cases["lm_head + cross_entropy"] = (lambda a, wh, b: FUSED_LINEAR_CE(a, wh, b),
+                                            lambda a, wh, b: F.cross_entropy(F.linear(a, wh).float(), b),
+                                            (x, head, t))
     out = {}
     for name, (ours, theirs, inputs) in cases.items():
         times = {"opsmith": [], "torch": []}
@@ -399,10 +408,10 @@ def main(argv=None) -> int:
           f"MLP {cfg.intermediate}), {cfg.batch}x{cfg.seq} byte tokens a step, {cfg.steps} steps, {cfg.dtype}, "
           f"on {name}")
     from_torch = [n for n, have in (("rotary", APPLY_ROTARY), ("cross-entropy", CROSS_ENTROPY),
-                                    ("AdamW", OPTIM)) if have is None]
+                                    ("fused lm_head + cross-entropy", FUSED_LINEAR_CE), ("AdamW", OPTIM)) if have is None]
     print("opsmith model: fused add + RMSNorm, SwiGLU gated MLP"
           + "".join(f", {n}" for n, have in (("rotary", APPLY_ROTARY), ("cross-entropy", CROSS_ENTROPY),
-                                              ("AdamW", OPTIM)) if have is not None)
+                                              ("fused lm_head + cross-entropy", FUSED_LINEAR_CE), ("AdamW", OPTIM)) if have is not None)
           + (f"; from PyTorch (not in this build): {', '.join(from_torch)}" if from_torch else ""))
     log_every = max(1, cfg.steps // 15)
     runs = train(cfg, device, log_every)

@@ -72,11 +72,16 @@ def batch(model, device, seed=1, rows=2, seq=12):
 
 
 def forward_backward(model, ids, labels):
+    """(logits, loss, grads): the loss and gradients from a training
+    forward (a patched model's goes through fused linear cross-entropy and
+    makes no logits), the logits from a forward without grad."""
     model.zero_grad(set_to_none=True)
     out = model(input_ids=ids, labels=labels)
     out.loss.backward()
     grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
-    return out.logits.detach(), out.loss.detach(), grads
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits
+    return logits, out.loss.detach(), grads
 
 
 def patched_count(model):
@@ -89,16 +94,21 @@ def test_patched_instance_matches_float32(model_type, device, restore_modeling):
     ref = build(model_type, torch.float32, device)
     model = copy.deepcopy(ref)
     assert hf.patch(model) is model
-    # every norm and every MLP of the model computes through opsmith
+    # every norm and every MLP of the model computes through opsmith, and the
+    # causal LM's own forward (the fused linear cross-entropy loss)
     layers = model.config.num_hidden_layers
     norms_per_layer = {"gemma2": 4, "qwen3": 4}.get(model_type, 2)
-    assert patched_count(model) == layers * (norms_per_layer + 1) + 1
+    assert patched_count(model) == layers * (norms_per_layer + 1) + 1 + 1
     assert isinstance(model.model.norm, hf._classes(model_type)[1])  # still the Hugging Face class
     assert model.state_dict().keys() == ref.state_dict().keys()
     # rotary and the loss go through opsmith too (this build has both)
     assert hf._classes(model_type)[0].apply_rotary_pos_emb is opsmith.apply_rotary_pos_emb
     assert model.loss_function is hf.causal_lm_loss
     ids, labels = batch(model, device)
+    # training with labels: the loss through fused linear cross-entropy, no logits made
+    assert model.training and model(input_ids=ids, labels=labels).logits is None
+    assert model(input_ids=ids, labels=labels, skip_logits=False).logits is not None
+    assert ref(input_ids=ids, labels=labels).logits is not None
     logits_r, loss_r, grads_r = forward_backward(ref, ids, labels)
     logits, loss, grads = forward_backward(model, ids, labels)
     torch.testing.assert_close(logits, logits_r, rtol=2e-5, atol=2e-5)
@@ -159,8 +169,14 @@ def test_class_patch_before_building(restore_modeling):
     for (n, p), (_, q) in zip(model.named_parameters(), ref.named_parameters()):
         assert torch.equal(p, q), n
     ids, labels = batch(model, "cpu")
-    torch.testing.assert_close(model(input_ids=ids, labels=labels).logits,
-                               ref(input_ids=ids, labels=labels).logits, rtol=2e-5, atol=2e-5)
+    logits, loss, grads = forward_backward(model, ids, labels)
+    logits_r, loss_r, grads_r = forward_backward(ref, ids, labels)
+    torch.testing.assert_close(logits, logits_r, rtol=2e-5, atol=2e-5)
+    torch.testing.assert_close(loss, loss_r, rtol=2e-5, atol=2e-5)
+    for name in grads_r:
+        torch.testing.assert_close(grads[name], grads_r[name], rtol=1e-4, atol=1e-5, msg=name)
+    # the class's own forward takes the loss through fused linear cross-entropy
+    assert model(input_ids=ids, labels=labels).logits is None
     # patching a class object works the same way, and twice is harmless
     module, norm_cls, mlp_cls, causal_cls, _ = hf._classes("llama")
     assert hf.patch(causal_cls) is causal_cls
@@ -172,9 +188,11 @@ def test_class_patch_before_building(restore_modeling):
 def test_patching_twice_and_flags(restore_modeling):
     ref = build("llama", torch.float32, "cpu")
     model = hf.patch(hf.patch(copy.deepcopy(ref), glu=False))
-    assert patched_count(model) == 2 * 3 + 1  # the second call added the MLPs
-    only_norms = hf.patch(copy.deepcopy(ref), glu=False)
+    assert patched_count(model) == 2 * 3 + 1 + 1  # the second call added the MLPs (+1: the causal LM)
+    only_norms = hf.patch(copy.deepcopy(ref), glu=False, fused_linear_cross_entropy=False)
     assert patched_count(only_norms) == 2 * 2 + 1
+    assert only_norms(input_ids=torch.zeros(1, 4, dtype=torch.long), labels=torch.zeros(1, 4, dtype=torch.long)).logits \
+        is not None  # the unfused loss path keeps its logits
 
 
 def test_unsupported_model_type_names_the_supported_ones():
@@ -232,3 +250,34 @@ def test_patched_norm_rounds_as_the_architecture(model_type, weight_dtype, devic
     assert y.dtype == r.dtype
     assert (y == r).float().mean() >= 0.999
     torch.testing.assert_close(y, r)
+
+
+def test_fused_loss_softcap_and_num_items(restore_modeling):
+    """Gemma 2's final logit softcapping and Hugging Face's
+    num_items_in_batch (gradient accumulation) through the fused loss path:
+    loss and every gradient as the unpatched model gives them."""
+    torch.manual_seed(0)
+    config = tiny_config("gemma2")
+    config.final_logit_softcapping = 3.0
+    _, _, _, causal_cls, _ = hf._classes("gemma2")
+    ref = causal_cls(config)
+    model = hf.patch(copy.deepcopy(ref))
+    ids, labels = batch(model, "cpu")
+    for kw in ({}, {"num_items_in_batch": torch.tensor(7)}):
+        outs = []
+        for m in (ref, model):
+            m.zero_grad(set_to_none=True)
+            out = m(input_ids=ids, labels=labels, **kw)
+            out.loss.backward()
+            outs.append((out, {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}))
+        (out_r, grads_r), (out, grads) = outs
+        assert out.logits is None and out_r.logits is not None
+        torch.testing.assert_close(out.loss, out_r.loss.float(), rtol=2e-5, atol=2e-5)
+        assert grads.keys() == grads_r.keys()
+        for name in grads_r:
+            torch.testing.assert_close(grads[name], grads_r[name], rtol=1e-4, atol=1e-5, msg=name)
+    # evaluation: logits as Hugging Face makes them, capped
+    model.eval()
+    with torch.no_grad():
+        logits = model(input_ids=ids, labels=labels).logits
+    assert logits is not None and logits.abs().max() <= 3.0
