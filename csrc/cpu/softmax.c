@@ -3,14 +3,14 @@
  * buffer and each pass is a fixed-lane loop over it the compiler
  * vectorizes, the exponential included (cpu_exp.h; libm's expf is a scalar
  * call). Forward: the max; e^(x - max) and its sum, e kept in the output
- * (f32, f64) or a float row buffer (f16, bf16: rounding e to 16 bits
- * before the division would round twice); the division. So each element
- * takes one exponential. Backward: the row's dot product; the write. Each
+ * (f32, f64) or a float row buffer on the stack (f16, bf16 rows of up to
+ * ROW_KEEP: rounding e to 16 bits before the division would round twice;
+ * wider rows compute e again); the division. So each element takes one
+ * exponential. Backward: the row's dot product; the write. Each
  * pass reads a block before it writes it, so y = x and dx = dy (in place)
  * compute what they would apart. Formulas in include/opsmith/softmax.h. */
 #include <math.h>
 #include <stdint.h>
-#include <stdlib.h>
 
 /* Floating-point exceptions are never inspected here, and without this GCC
  * keeps the selects of the exponential as branches on AVX2 and SSE2, which
@@ -27,6 +27,7 @@
 #define LANES 16
 #define BLOCK 256 /* elements widened into a buffer at a time (a multiple of LANES) */
 #define SERIAL 65536
+#define ROW_KEEP 16384 /* floats: 64 KB of stack */
 
 /* e^v in place: f64 through libm (f64 is for checking), float vectorized */
 static inline void exp_block_f64(double *v, int64_t n) {
@@ -44,10 +45,12 @@ static inline void exp_block_f64(double *v, int64_t n) {
         return buf;                                                                                           \
     }                                                                                                         \
                                                                                                               \
-    /* row: a buffer of n ACC for e^(x - max) when T is not ACC, or NULL                                      \
-     * (then the last pass computes the exponentials again) */                                                \
-    OPSMITH_CPU_CLONES static void fwd_row_##SUFFIX(int64_t n, const T *x, int lg, T *y, ACC *row) {          \
+    OPSMITH_CPU_CLONES static void fwd_row_##SUFFIX(int64_t n, const T *x, int lg, T *y) {                    \
         ACC m[LANES], s[LANES], xb[BLOCK], eb[BLOCK];                                                         \
+        /* 16-bit storage: e^(x - max) kept in a float row buffer on the stack when the                       \
+         * row fits (launchers allocate no memory), else computed again in the last pass */                   \
+        ACC keep_row[SAME ? 1 : ROW_KEEP];                                                                    \
+        ACC *row = !SAME && !lg && n <= ROW_KEEP ? keep_row : NULL;                                           \
         for (int k = 0; k < LANES; k++) m[k] = -INFINITY, s[k] = 0;                                           \
         for (int64_t b0 = 0; b0 < n; b0 += BLOCK) {                                                           \
             const int64_t len = n - b0 < BLOCK ? n - b0 : BLOCK;                                              \
@@ -126,13 +129,8 @@ static inline void exp_block_f64(double *v, int64_t n) {
                                                                                                               \
     static void fwd_##SUFFIX(int64_t rows, int64_t n, const T *x, int64_t xs, int lg, T *y, int64_t ys,       \
                              int threads) {                                                                   \
-        _Pragma("omp parallel num_threads(threads) if(rows > 1 && rows * n > SERIAL)") {                      \
-            /* one row buffer a thread; without it (no memory) the exponentials are computed twice */         \
-            ACC *row = SAME || lg ? NULL : (ACC *)malloc((size_t)n * sizeof(ACC));                            \
-            _Pragma("omp for schedule(static)")                                                               \
-            for (int64_t r = 0; r < rows; r++) fwd_row_##SUFFIX(n, x + r * xs, lg, y + r * ys, row);          \
-            free(row);                                                                                        \
-        }                                                                                                     \
+        _Pragma("omp parallel for schedule(static) num_threads(threads) if(rows > 1 && rows * n > SERIAL)")   \
+        for (int64_t r = 0; r < rows; r++) fwd_row_##SUFFIX(n, x + r * xs, lg, y + r * ys);             \
     }                                                                                                         \
                                                                                                               \
     static void bwd_##SUFFIX(int64_t rows, int64_t n, const T *g, int64_t gs, const T *y, int64_t ys, int lg, \
