@@ -55,8 +55,11 @@ static inline void exp_block_f64(double *v, int64_t n) {
             const int64_t len = n - b0 < BLOCK ? n - b0 : BLOCK;                                                \
             load_##SUFFIX(x + b0, len, cap, inv_cap, buf);                                                      \
             int64_t i = 0;                                                                                      \
-            for (; i + LANES <= len; i += LANES)                                                                \
+            for (; i + LANES <= len; i += LANES) {                                                              \
+                /* without the pragma GCC keeps the lanes scalar */                                             \
+                _Pragma("omp simd")                                                                             \
                 for (int k = 0; k < LANES; k++) m[k] = buf[i + k] > m[k] ? buf[i + k] : m[k];                   \
+            }                                                                                                   \
             for (int k = 0; i < len; i++, k++) m[k] = buf[i] > m[k] ? buf[i] : m[k];                            \
             if (wy) {                                                                                           \
                 if (w) OPSMITH_LANES_ADD(LANES, a, len, j, w[b0 + j] * buf[j]);                                 \

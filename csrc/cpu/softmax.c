@@ -27,7 +27,7 @@
 #define LANES 16
 #define BLOCK 256 /* elements widened into a buffer at a time (a multiple of LANES) */
 #define SERIAL 65536
-#define ROW_KEEP 16384 /* floats: 64 KB of stack */
+#define ROW_KEEP 32768 /* floats: 128 KB of stack (a thread has megabytes under glibc) */
 
 /* e^v in place: f64 through libm (f64 is for checking), float vectorized */
 static inline void exp_block_f64(double *v, int64_t n) {
@@ -56,8 +56,11 @@ static inline void exp_block_f64(double *v, int64_t n) {
             const int64_t len = n - b0 < BLOCK ? n - b0 : BLOCK;                                              \
             const ACC *v = widen_##SUFFIX(x + b0, len, xb);                                                   \
             int64_t i = 0;                                                                                    \
-            for (; i + LANES <= len; i += LANES)                                                              \
+            for (; i + LANES <= len; i += LANES) {                                                            \
+                /* without the pragma GCC keeps the lanes scalar */                                           \
+                _Pragma("omp simd")                                                                           \
                 for (int k = 0; k < LANES; k++) m[k] = v[i + k] > m[k] ? v[i + k] : m[k];                     \
+            }                                                                                                 \
             for (int k = 0; i < len; i++, k++) m[k] = v[i] > m[k] ? v[i] : m[k];                              \
         }                                                                                                     \
         ACC mx = -INFINITY;                                                                                   \
