@@ -46,7 +46,9 @@ static inline float opsmith_exp_f32(float x) {
 
 /* v[i] = e^v[i] for i in [0, n) */
 static inline void opsmith_exp_block_f32(float *v, int64_t n) {
+#ifdef _OPENMP /* the library is built with OpenMP; a test file including this may not be */
 #pragma omp simd
+#endif
     for (int64_t i = 0; i < n; i++) v[i] = opsmith_exp_f32(v[i]);
 }
 
