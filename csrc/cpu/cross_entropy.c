@@ -1,87 +1,117 @@
 /* cross_entropy on the CPU: C11 + OpenMP, one row a task. A row is read
  * three times (max and the smoothing sum; the exponential sum; the
- * gradient), each a fixed-lane loop the compiler can vectorize; a row of
- * the widest vocabularies (262144 bf16, 512 KB) stays in the core's cache
- * between the passes. Targets are checked, and the mean's denominator
- * summed, before any row runs, on the calling thread in row order (so the
- * results do not depend on the thread count). Formulas in
+ * gradient), block by block: a block is widened into a float (double for
+ * f64) buffer and each pass is a fixed-lane loop over it the compiler
+ * vectorizes, the exponential included (cpu_exp.h; libm's expf is a scalar
+ * call). A row of the widest vocabularies (262144 bf16, 512 KB) stays in
+ * the core's cache between the passes. Targets are checked, and the mean's
+ * denominator summed, before any row runs, on the calling thread in row
+ * order (so the results do not depend on the thread count). Formulas in
  * include/opsmith/cross_entropy.h. */
 #include <math.h>
+#include <stdint.h>
 
-#include "convert.h"
+/* Floating-point exceptions are never inspected here, and without this GCC
+ * keeps the selects of the exponential as branches on AVX2 and SSE2, which
+ * do not vectorize. */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("no-trapping-math")
+#endif
+
+#include "cpu_exp.h"
+#include "cpu_load_store.h"
+#include "cpu_rows.h"
 #include "internal/cross_entropy.h"
 
-#define LOAD_F64(p) (p)
-#define STORE_F64(v) (v)
-#define LOAD_F32(p) (p)
-#define STORE_F32(v) (v)
-#define LOAD_F16(p) opsmith_f16_to_f32(p)
-#define STORE_F16(v) opsmith_f32_to_f16(v)
-#define LOAD_BF16(p) opsmith_bf16_to_f32(p)
-#define STORE_BF16(v) opsmith_f32_to_bf16(v)
+#define LANES 16
+#define BLOCK 256 /* elements of a row widened into a buffer at a time (a multiple of LANES) */
 
-#define LANES 8
+/* e^v in place: f64 through libm (f64 is for checking), float vectorized */
+static inline void exp_block_f64(double *v, int64_t n) {
+    for (int64_t i = 0; i < n; i++) v[i] = exp(v[i]);
+}
 
 /* T: storage type; ACC: accumulate type; LOAD/STORE convert one element;
- * EXP, LOG, TANH in ACC. */
-#define DEFINE_CROSS_ENTROPY(SUFFIX, T, ACC, LOAD, STORE, EXP, LOG, TANH)                                      \
+ * EXPB e^v over a block of ACC in place; LOG, TANH in ACC. The row workers
+ * go block by block: a block is widened (and softcapped) into a buffer,
+ * then each pass is a plain loop over it that the compiler vectorizes. */
+#define DEFINE_CROSS_ENTROPY(SUFFIX, T, ACC, LOAD, STORE, EXPB, LOG, TANH)                                     \
     /* softcapped logit */                                                                                      \
     static inline ACC cap_##SUFFIX(ACC v, ACC cap, ACC inv_cap) { return cap > 0 ? cap * TANH(v * inv_cap) : v; } \
                                                                                                                 \
+    /* buf[k] = the softcapped logit x[k], k < len */                                                           \
+    static inline void load_##SUFFIX(const T *x, int64_t len, ACC cap, ACC inv_cap, ACC *buf) {                 \
+        for (int64_t k = 0; k < len; k++) buf[k] = LOAD(x[k]);                                                  \
+        if (cap > 0)                                                                                            \
+            for (int64_t k = 0; k < len; k++) buf[k] = cap * TANH(buf[k] * inv_cap);                            \
+    }                                                                                                           \
+                                                                                                                \
     /* lse of one row; *wy = sum_c w[c] y[c] when wy is not NULL */                                             \
-    static ACC row_lse_##SUFFIX(int64_t n, const T *x, ACC cap, const ACC *w, ACC *wy) {                        \
+    OPSMITH_CPU_CLONES static ACC row_lse_##SUFFIX(int64_t n, const T *x, ACC cap, const ACC *w, ACC *wy) {     \
         const ACC inv_cap = cap > 0 ? (ACC)1 / cap : (ACC)0;                                                    \
-        ACC m[LANES], s[LANES], a[LANES];                                                                       \
-        for (int k = 0; k < LANES; k++) m[k] = -INFINITY, s[k] = 0, a[k] = 0;                                   \
-        int64_t i = 0;                                                                                          \
-        for (; i + LANES <= n; i += LANES)                                                                      \
-            for (int k = 0; k < LANES; k++) {                                                                   \
-                const ACC y = cap_##SUFFIX(LOAD(x[i + k]), cap, inv_cap);                                       \
-                m[k] = y > m[k] ? y : m[k];                                                                     \
-                a[k] += (w ? w[i + k] : (ACC)1) * y;                                                            \
+        ACC m[LANES], a[LANES], s[LANES], buf[BLOCK];                                                           \
+        for (int k = 0; k < LANES; k++) m[k] = -INFINITY, a[k] = 0, s[k] = 0;                                   \
+        for (int64_t b0 = 0; b0 < n; b0 += BLOCK) {                                                             \
+            const int64_t len = n - b0 < BLOCK ? n - b0 : BLOCK;                                                \
+            load_##SUFFIX(x + b0, len, cap, inv_cap, buf);                                                      \
+            int64_t i = 0;                                                                                      \
+            for (; i + LANES <= len; i += LANES) {                                                              \
+                /* without the pragma GCC keeps the lanes scalar */                                             \
+                _Pragma("omp simd")                                                                             \
+                for (int k = 0; k < LANES; k++) m[k] = buf[i + k] > m[k] ? buf[i + k] : m[k];                   \
             }                                                                                                   \
-        ACC mx = -INFINITY, sum_wy = 0;                                                                         \
-        for (; i < n; i++) {                                                                                    \
-            const ACC y = cap_##SUFFIX(LOAD(x[i]), cap, inv_cap);                                               \
-            mx = y > mx ? y : mx;                                                                               \
-            sum_wy += (w ? w[i] : (ACC)1) * y;                                                                  \
+            for (int k = 0; i < len; i++, k++) m[k] = buf[i] > m[k] ? buf[i] : m[k];                            \
+            if (wy) {                                                                                           \
+                if (w) OPSMITH_LANES_ADD(LANES, a, len, j, w[b0 + j] * buf[j]);                                 \
+                else OPSMITH_LANES_ADD(LANES, a, len, j, buf[j]);                                               \
+            }                                                                                                   \
         }                                                                                                       \
+        ACC mx = -INFINITY, sum_wy = 0;                                                                         \
         for (int k = 0; k < LANES; k++) mx = m[k] > mx ? m[k] : mx, sum_wy += a[k];                             \
         if (wy) *wy = sum_wy;                                                                                   \
         /* a row of -inf (or a NaN) gives NaN, as PyTorch */                                                    \
         const ACC base = isfinite(mx) ? mx : (ACC)0;                                                            \
+        for (int64_t b0 = 0; b0 < n; b0 += BLOCK) {                                                             \
+            const int64_t len = n - b0 < BLOCK ? n - b0 : BLOCK;                                                \
+            load_##SUFFIX(x + b0, len, cap, inv_cap, buf);                                                      \
+            for (int64_t k = 0; k < len; k++) buf[k] -= base;                                                   \
+            EXPB(buf, len);                                                                                     \
+            OPSMITH_LANES_ADD(LANES, s, len, j, buf[j]);                                                        \
+        }                                                                                                       \
         ACC total = 0;                                                                                          \
-        i = 0;                                                                                                  \
-        for (; i + LANES <= n; i += LANES)                                                                      \
-            for (int k = 0; k < LANES; k++) s[k] += EXP(cap_##SUFFIX(LOAD(x[i + k]), cap, inv_cap) - base);     \
-        for (; i < n; i++) total += EXP(cap_##SUFFIX(LOAD(x[i]), cap, inv_cap) - base);                         \
         for (int k = 0; k < LANES; k++) total += s[k];                                                          \
         return base + LOG(total);                                                                               \
     }                                                                                                           \
                                                                                                                 \
-    /* the gradient of one row (scaled by `scale`): formula in the header */                                    \
-    static void row_grad_##SUFFIX(int64_t n, const T *x, int64_t t, ACC cap, const ACC *w, ACC lse, ACC coef,   \
-                                  ACC smooth, ACC target_coef, ACC scale, T *d) {                               \
+    /* the gradient of one row (scaled by `scale`): formula in the header. d                                    \
+     * may be x (in place): each block is read whole before it is written */                                   \
+    OPSMITH_CPU_CLONES static void row_grad_##SUFFIX(int64_t n, const T *x, int64_t t, ACC cap, const ACC *w,   \
+                                                     ACC lse, ACC coef, ACC smooth, ACC target_coef, ACC scale, \
+                                                     T *d) {                                                    \
         const ACC inv_cap = cap > 0 ? (ACC)1 / cap : (ACC)0;                                                    \
         const ACC y_t = cap_##SUFFIX(LOAD(x[t]), cap, inv_cap);                                                 \
-        int64_t i = 0;                                                                                          \
-        for (; i + LANES <= n; i += LANES) {                                                                    \
-            ACC g[LANES];                                                                                       \
-            for (int k = 0; k < LANES; k++) {                                                                   \
-                const ACC y = cap_##SUFFIX(LOAD(x[i + k]), cap, inv_cap);                                       \
-                const ACC dy = cap > 0 ? (ACC)1 - (y * inv_cap) * (y * inv_cap) : (ACC)1;                       \
-                g[k] = (EXP(y - lse) * coef - smooth * (w ? w[i + k] : (ACC)1)) * dy * scale;                   \
+        ACC y[BLOCK], g[BLOCK];                                                                                 \
+        for (int64_t b0 = 0; b0 < n; b0 += BLOCK) {                                                             \
+            const int64_t len = n - b0 < BLOCK ? n - b0 : BLOCK;                                                \
+            load_##SUFFIX(x + b0, len, cap, inv_cap, y);                                                        \
+            for (int64_t k = 0; k < len; k++) g[k] = y[k] - lse;                                                \
+            EXPB(g, len);                                                                                       \
+            /* (e^(y - lse) coef - smooth w) dy scale, dy the softcap's slope */                                \
+            for (int64_t k = 0; k < len; k++) g[k] *= coef;                                                     \
+            if (w) {                                                                                            \
+                for (int64_t k = 0; k < len; k++) g[k] -= smooth * w[b0 + k];                                   \
+            } else {                                                                                            \
+                for (int64_t k = 0; k < len; k++) g[k] -= smooth;                                               \
             }                                                                                                   \
-            for (int k = 0; k < LANES; k++) d[i + k] = STORE(g[k]);                                             \
-        }                                                                                                       \
-        for (; i < n; i++) {                                                                                    \
-            const ACC y = cap_##SUFFIX(LOAD(x[i]), cap, inv_cap);                                               \
-            const ACC dy = cap > 0 ? (ACC)1 - (y * inv_cap) * (y * inv_cap) : (ACC)1;                           \
-            d[i] = STORE((EXP(y - lse) * coef - smooth * (w ? w[i] : (ACC)1)) * dy * scale);                    \
+            if (cap > 0)                                                                                        \
+                for (int64_t k = 0; k < len; k++) g[k] *= (ACC)1 - (y[k] * inv_cap) * (y[k] * inv_cap);         \
+            for (int64_t k = 0; k < len; k++) d[b0 + k] = STORE(g[k] * scale);                                  \
         }                                                                                                       \
         /* the target's own term, after the sweep: d may be x (in place) */                                     \
+        ACC e_t = y_t - lse;                                                                                    \
+        EXPB(&e_t, 1);                                                                                          \
         const ACC dy_t = cap > 0 ? (ACC)1 - (y_t * inv_cap) * (y_t * inv_cap) : (ACC)1;                         \
-        d[t] = STORE((EXP(y_t - lse) * coef - smooth * (w ? w[t] : (ACC)1) - target_coef) * dy_t * scale);      \
+        d[t] = STORE((e_t * coef - smooth * (w ? w[t] : (ACC)1) - target_coef) * dy_t * scale);                 \
     }                                                                                                           \
                                                                                                                 \
     static opsmith_status fwd_##SUFFIX(int64_t rows, int64_t n, const T *x, int64_t xs, const int64_t *tg,      \
@@ -161,10 +191,10 @@
         }                                                                                                       \
     }
 
-DEFINE_CROSS_ENTROPY(f64, double, double, LOAD_F64, STORE_F64, exp, log, tanh)
-DEFINE_CROSS_ENTROPY(f32, float, float, LOAD_F32, STORE_F32, expf, logf, tanhf)
-DEFINE_CROSS_ENTROPY(f16, uint16_t, float, LOAD_F16, STORE_F16, expf, logf, tanhf)
-DEFINE_CROSS_ENTROPY(bf16, uint16_t, float, LOAD_BF16, STORE_BF16, expf, logf, tanhf)
+DEFINE_CROSS_ENTROPY(f64, double, double, LOAD_F64, STORE_F64, exp_block_f64, log, tanh)
+DEFINE_CROSS_ENTROPY(f32, float, float, LOAD_F32, STORE_F32, opsmith_exp_block_f32, logf, tanhf)
+DEFINE_CROSS_ENTROPY(f16, uint16_t, float, LOAD_F16, STORE_F16, opsmith_exp_block_f32, logf, tanhf)
+DEFINE_CROSS_ENTROPY(bf16, uint16_t, float, LOAD_BF16, STORE_BF16, opsmith_exp_block_f32, logf, tanhf)
 
 opsmith_status opsmith_cross_entropy_fwd_cpu(opsmith_dtype dtype, int64_t rows, int64_t n, const void *logits,
                                              int64_t logits_row_stride, const int64_t *target, int64_t target_stride,

@@ -4,7 +4,7 @@
  * into (row, column chunk) items so a few wide rows still use every thread.
  *
  * The activations run in float for f32/f16/bf16 through the vectorizable
- * exp below (libm's expf does not vectorize), in double through libm for
+ * exp of cpu_exp.h (libm's expf does not vectorize), in double through libm for
  * f64. Every element is read before the same element is written, and no
  * element is touched by two iterations, so the in-place forms (an output
  * that is exactly an input) are safe under `omp simd`. On x86-64 the row
@@ -19,6 +19,8 @@
 #endif
 
 #include "convert.h"
+#include "cpu_exp.h"
+#include "cpu_load_store.h"
 #include "internal/glu.h"
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
@@ -31,31 +33,6 @@
  * small enough that a (1, 14336) decode row still splits across threads. */
 #define GLU_CHUNK 4096
 
-static inline float bits_to_f32(uint32_t u) { return opsmith_f32_from_bits(u); }
-
-/* e^x in float, within ~2 ulp, branch-free so loops over it vectorize:
- * x = k ln2 + r with |r| <= ln2/2, e^r by its degree-7 Taylor polynomial,
- * 2^k built in the exponent bits. Overflow gives inf, underflow 0, NaN NaN.
- * (Infinite x: x - x is NaN, but the selects below then answer.) */
-static inline float exp_f32(float x) {
-    const float xs = x != x ? 0.0f : x < -87.0f ? -87.0f : x > 88.0f ? 88.0f : x;
-    /* round to nearest through the 1.5 * 2^23 shifter (floorf would not vectorize) */
-    const float k = (xs * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-    const float r = (xs - k * 0.693145751953125f) - k * 1.428606765330187e-06f; /* ln2 in two parts */
-    float p = 1.98412698412698413e-04f;
-    p = p * r + 1.38888888888888889e-03f;
-    p = p * r + 8.33333333333333333e-03f;
-    p = p * r + 4.16666666666666667e-02f;
-    p = p * r + 1.66666666666666667e-01f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    /* + (x - x): NaN stays NaN without a select of its own (which would
-     * make the compiler evaluate the caller's arithmetic on both arms) */
-    const float v = p * bits_to_f32((uint32_t)((int32_t)k + 127) << 23) + (x - x);
-    return x > 88.72283f ? INFINITY : x < -87.33654f ? 0.0f : v;
-}
-
 #define GELU_TANH_K 0.7978845608028654f /* sqrt(2 / pi) */
 #define GELU_TANH_C 0.044715f
 #define INV_SQRT2 0.7071067811865476f
@@ -63,7 +40,7 @@ static inline float exp_f32(float x) {
 
 /* silu(g) = g * sigmoid(g); slope = s (1 + g (1 - s)). */
 static inline float silu_f32(float g, float *slope) {
-    const float s = 1.0f / (1.0f + exp_f32(-g));
+    const float s = 1.0f / (1.0f + opsmith_exp_f32(-g));
     *slope = s * (1.0f + g * (1.0f - s));
     return g * s;
 }
@@ -85,9 +62,9 @@ static inline float gelu_f32(float g, float *slope) {
     p = p * t + 0.37409196f;
     p = p * t + 1.00002368f;
     p = p * t - 1.26551223f;
-    const float tail = 0.5f * t * exp_f32(p - z * z); /* Phi(-|g|) */
+    const float tail = 0.5f * t * opsmith_exp_f32(p - z * z); /* Phi(-|g|) */
     const float cdf = g < 0.0f ? tail : 1.0f - tail;
-    *slope = cdf + g * INV_SQRT_2PI * exp_f32(-0.5f * g * g);
+    *slope = cdf + g * INV_SQRT_2PI * opsmith_exp_f32(-0.5f * g * g);
     return g * cdf;
 }
 
@@ -95,7 +72,7 @@ static inline float gelu_f32(float g, float *slope) {
 static inline float gelu_tanh_f32(float g, float *slope) {
     const float g2 = g * g;
     const float u = GELU_TANH_K * (g + GELU_TANH_C * g2 * g);
-    const float th = 1.0f - 2.0f / (exp_f32(2.0f * u) + 1.0f);
+    const float th = 1.0f - 2.0f / (opsmith_exp_f32(2.0f * u) + 1.0f);
     *slope = 0.5f * (1.0f + th) + 0.5f * g * (1.0f - th * th) * GELU_TANH_K * (1.0f + 3.0f * GELU_TANH_C * g2);
     return 0.5f * g * (1.0f + th);
 }
@@ -119,15 +96,6 @@ static inline double gelu_tanh_f64(double g, double *slope) {
     *slope = 0.5 * (1.0 + th) + 0.5 * g * (1.0 - th * th) * k * (1.0 + 3.0 * c * g * g);
     return 0.5 * g * (1.0 + th);
 }
-
-#define LOAD_F64(p) (p)
-#define STORE_F64(v) (v)
-#define LOAD_F32(p) (p)
-#define STORE_F32(v) (v)
-#define LOAD_F16(p) opsmith_f16_to_f32(p)
-#define STORE_F16(v) opsmith_f32_to_f16(v)
-#define LOAD_BF16(p) opsmith_bf16_to_f32(p)
-#define STORE_BF16(v) opsmith_f32_to_bf16(v)
 
 /* One (dtype, activation) pair: a forward and a backward over the columns
  * [c0, c1) of one row, stamped from one template. T is the storage type,

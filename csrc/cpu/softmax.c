@@ -1,90 +1,139 @@
-/* softmax and log_softmax on the CPU: C11 + OpenMP, one row a task, each
- * pass a fixed-lane loop the compiler can vectorize (forward: max, sum of
- * exponentials, write; backward: the row's dot product, write). Each pass
- * reads a group before it writes it, so y = x and dx = dy (in place) compute
- * what they would apart. Formulas in include/opsmith/softmax.h. */
+/* softmax and log_softmax on the CPU: C11 + OpenMP, one row a task, block
+ * by block: a block of a row is widened into a float (double for f64)
+ * buffer and each pass is a fixed-lane loop over it the compiler
+ * vectorizes, the exponential included (cpu_exp.h; libm's expf is a scalar
+ * call). Forward: the max; e^(x - max) and its sum, e kept in the output
+ * (f32, f64) or a float row buffer on the stack (f16, bf16 rows of up to
+ * ROW_KEEP: rounding e to 16 bits before the division would round twice;
+ * wider rows compute e again); the division. So each element takes one
+ * exponential. Backward: the row's dot product; the write. Each
+ * pass reads a block before it writes it, so y = x and dx = dy (in place)
+ * compute what they would apart. Formulas in include/opsmith/softmax.h. */
 #include <math.h>
+#include <stdint.h>
 
-#include "convert.h"
+/* Floating-point exceptions are never inspected here, and without this GCC
+ * keeps the selects of the exponential as branches on AVX2 and SSE2, which
+ * do not vectorize. */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("no-trapping-math")
+#endif
+
+#include "cpu_exp.h"
+#include "cpu_load_store.h"
+#include "cpu_rows.h"
 #include "internal/softmax.h"
 
-#define LOAD_F64(p) (p)
-#define STORE_F64(v) (v)
-#define LOAD_F32(p) (p)
-#define STORE_F32(v) (v)
-#define LOAD_F16(p) opsmith_f16_to_f32(p)
-#define STORE_F16(v) opsmith_f32_to_f16(v)
-#define LOAD_BF16(p) opsmith_bf16_to_f32(p)
-#define STORE_BF16(v) opsmith_f32_to_bf16(v)
-
-#define LANES 8
+#define LANES 16
+#define BLOCK 256 /* elements widened into a buffer at a time (a multiple of LANES) */
 #define SERIAL 65536
+#define ROW_KEEP 32768 /* floats: 128 KB of stack (a thread has megabytes under glibc) */
 
-#define DEFINE_SOFTMAX(SUFFIX, T, ACC, LOAD, STORE, EXP, LOG)                                                  \
-    static void fwd_row_##SUFFIX(int64_t n, const T *x, int lg, T *y) {                                       \
-        ACC m[LANES], s[LANES];                                                                               \
+/* e^v in place: f64 through libm (f64 is for checking), float vectorized */
+static inline void exp_block_f64(double *v, int64_t n) {
+    for (int64_t i = 0; i < n; i++) v[i] = exp(v[i]);
+}
+
+/* T: storage type; ACC: math type; LOAD/STORE convert one element; EXPB
+ * e^v over a block of ACC in place. SAME: T is ACC (the output can hold
+ * e^(x - max) itself). */
+#define DEFINE_SOFTMAX(SUFFIX, T, ACC, LOAD, STORE, EXPB, LOG, SAME)                                          \
+    /* p[0, len) as ACC: p itself when T is ACC, else buf filled */                                           \
+    static inline const ACC *widen_##SUFFIX(const T *p, int64_t len, ACC *buf) {                              \
+        if (SAME) return (const ACC *)(const void *)p;                                                        \
+        for (int64_t k = 0; k < len; k++) buf[k] = LOAD(p[k]);                                                \
+        return buf;                                                                                           \
+    }                                                                                                         \
+                                                                                                              \
+    OPSMITH_CPU_CLONES static void fwd_row_##SUFFIX(int64_t n, const T *x, int lg, T *y) {                    \
+        ACC m[LANES], s[LANES], xb[BLOCK], eb[BLOCK];                                                         \
+        /* 16-bit storage: e^(x - max) kept in a float row buffer on the stack when the                       \
+         * row fits (launchers allocate no memory), else computed again in the last pass */                   \
+        ACC keep_row[SAME ? 1 : ROW_KEEP];                                                                    \
+        ACC *row = !SAME && !lg && n <= ROW_KEEP ? keep_row : NULL;                                           \
         for (int k = 0; k < LANES; k++) m[k] = -INFINITY, s[k] = 0;                                           \
-        int64_t i = 0;                                                                                        \
-        for (; i + LANES <= n; i += LANES)                                                                    \
-            for (int k = 0; k < LANES; k++) {                                                                 \
-                const ACC v = LOAD(x[i + k]);                                                                 \
-                m[k] = v > m[k] ? v : m[k];                                                                   \
+        for (int64_t b0 = 0; b0 < n; b0 += BLOCK) {                                                           \
+            const int64_t len = n - b0 < BLOCK ? n - b0 : BLOCK;                                              \
+            const ACC *v = widen_##SUFFIX(x + b0, len, xb);                                                   \
+            int64_t i = 0;                                                                                    \
+            for (; i + LANES <= len; i += LANES) {                                                            \
+                /* without the pragma GCC keeps the lanes scalar */                                           \
+                _Pragma("omp simd")                                                                           \
+                for (int k = 0; k < LANES; k++) m[k] = v[i + k] > m[k] ? v[i + k] : m[k];                     \
             }                                                                                                 \
+            for (int k = 0; i < len; i++, k++) m[k] = v[i] > m[k] ? v[i] : m[k];                              \
+        }                                                                                                     \
         ACC mx = -INFINITY;                                                                                   \
-        for (; i < n; i++) {                                                                                  \
-            const ACC v = LOAD(x[i]);                                                                         \
-            mx = v > mx ? v : mx;                                                                             \
-        }                                                                                                     \
         for (int k = 0; k < LANES; k++) mx = m[k] > mx ? m[k] : mx;                                           \
-        ACC total = 0;                                                                                        \
-        i = 0;                                                                                                \
-        for (; i + LANES <= n; i += LANES)                                                                    \
-            for (int k = 0; k < LANES; k++) s[k] += EXP(LOAD(x[i + k]) - mx);                                 \
-        for (; i < n; i++) total += EXP(LOAD(x[i]) - mx);                                                     \
-        for (int k = 0; k < LANES; k++) total += s[k];                                                        \
-        const ACC lse = mx + LOG(total);                                                                      \
-        i = 0;                                                                                                \
-        for (; i + LANES <= n; i += LANES) {                                                                  \
-            ACC v[LANES];                                                                                     \
-            for (int k = 0; k < LANES; k++) v[k] = LOAD(x[i + k]) - lse;                                      \
-            if (!lg)                                                                                          \
-                for (int k = 0; k < LANES; k++) v[k] = EXP(v[k]);                                             \
-            for (int k = 0; k < LANES; k++) y[i + k] = STORE(v[k]);                                           \
+        /* e = e^(x - mx) into y itself (T is ACC), the row buffer, or a block buffer */                      \
+        const int keep = !lg && (SAME || row);                                                                \
+        for (int64_t b0 = 0; b0 < n; b0 += BLOCK) {                                                           \
+            const int64_t len = n - b0 < BLOCK ? n - b0 : BLOCK;                                              \
+            const ACC *v = widen_##SUFFIX(x + b0, len, xb);                                                   \
+            ACC *e = !keep ? eb : SAME ? (ACC *)(void *)(y + b0) : row + b0;                                  \
+            for (int64_t k = 0; k < len; k++) e[k] = v[k] - mx;                                               \
+            EXPB(e, len);                                                                                     \
+            OPSMITH_LANES_ADD(LANES, s, len, j, e[j]);                                                        \
         }                                                                                                     \
-        for (; i < n; i++) {                                                                                  \
-            const ACC v = LOAD(x[i]) - lse;                                                                   \
-            y[i] = STORE(lg ? v : EXP(v));                                                                    \
+        ACC total = 0;                                                                                        \
+        for (int k = 0; k < LANES; k++) total += s[k];                                                        \
+        if (lg) {                                                                                             \
+            const ACC lse = mx + LOG(total);                                                                  \
+            for (int64_t i = 0; i < n; i++) y[i] = STORE(LOAD(x[i]) - lse);                                   \
+            return;                                                                                           \
+        }                                                                                                     \
+        const ACC inv = (ACC)1 / total;                                                                       \
+        if (SAME) {                                                                                           \
+            ACC *e = (ACC *)(void *)y;                                                                        \
+            for (int64_t i = 0; i < n; i++) e[i] *= inv;                                                      \
+        } else if (row) {                                                                                     \
+            for (int64_t i = 0; i < n; i++) y[i] = STORE(row[i] * inv);                                       \
+        } else {                                                                                              \
+            for (int64_t b0 = 0; b0 < n; b0 += BLOCK) {                                                       \
+                const int64_t len = n - b0 < BLOCK ? n - b0 : BLOCK;                                          \
+                const ACC *v = widen_##SUFFIX(x + b0, len, xb);                                               \
+                for (int64_t k = 0; k < len; k++) eb[k] = v[k] - mx;                                          \
+                EXPB(eb, len);                                                                                \
+                for (int64_t k = 0; k < len; k++) y[b0 + k] = STORE(eb[k] * inv);                             \
+            }                                                                                                 \
         }                                                                                                     \
     }                                                                                                         \
                                                                                                               \
-    static void bwd_row_##SUFFIX(int64_t n, const T *g, const T *y, int lg, T *dx) {                          \
-        ACC s[LANES];                                                                                         \
+    OPSMITH_CPU_CLONES static void bwd_row_##SUFFIX(int64_t n, const T *g, const T *y, int lg, T *dx) {       \
+        ACC s[LANES], gb[BLOCK], yb[BLOCK], eb[BLOCK];                                                        \
         for (int k = 0; k < LANES; k++) s[k] = 0;                                                             \
-        ACC total = 0;                                                                                        \
-        int64_t i = 0;                                                                                        \
-        for (; i + LANES <= n; i += LANES)                                                                    \
-            for (int k = 0; k < LANES; k++) s[k] += lg ? LOAD(g[i + k]) : LOAD(g[i + k]) * LOAD(y[i + k]);    \
-        for (; i < n; i++) total += lg ? LOAD(g[i]) : LOAD(g[i]) * LOAD(y[i]);                                \
-        for (int k = 0; k < LANES; k++) total += s[k];                                                        \
-        i = 0;                                                                                                \
-        for (; i + LANES <= n; i += LANES) {                                                                  \
-            ACC v[LANES];                                                                                     \
-            for (int k = 0; k < LANES; k++) {                                                                 \
-                const ACC gy = LOAD(g[i + k]), yy = LOAD(y[i + k]);                                           \
-                v[k] = lg ? gy - EXP(yy) * total : yy * (gy - total);                                         \
+        for (int64_t b0 = 0; b0 < n; b0 += BLOCK) {                                                           \
+            const int64_t len = n - b0 < BLOCK ? n - b0 : BLOCK;                                              \
+            const ACC *gv = widen_##SUFFIX(g + b0, len, gb);                                                  \
+            if (lg) {                                                                                         \
+                OPSMITH_LANES_ADD(LANES, s, len, j, gv[j]);                                                   \
+            } else {                                                                                          \
+                const ACC *yv = widen_##SUFFIX(y + b0, len, yb);                                              \
+                OPSMITH_LANES_ADD(LANES, s, len, j, gv[j] * yv[j]);                                           \
             }                                                                                                 \
-            for (int k = 0; k < LANES; k++) dx[i + k] = STORE(v[k]);                                          \
         }                                                                                                     \
-        for (; i < n; i++) {                                                                                  \
-            const ACC gy = LOAD(g[i]), yy = LOAD(y[i]);                                                       \
-            dx[i] = STORE(lg ? gy - EXP(yy) * total : yy * (gy - total));                                     \
+        ACC total = 0;                                                                                        \
+        for (int k = 0; k < LANES; k++) total += s[k];                                                        \
+        for (int64_t b0 = 0; b0 < n; b0 += BLOCK) {                                                           \
+            const int64_t len = n - b0 < BLOCK ? n - b0 : BLOCK;                                              \
+            const ACC *gv = widen_##SUFFIX(g + b0, len, gb);                                                  \
+            const ACC *yv = widen_##SUFFIX(y + b0, len, yb);                                                  \
+            /* the whole block is computed into eb before dx is written: dx may be dy or y */                 \
+            if (lg) {                                                                                         \
+                for (int64_t k = 0; k < len; k++) eb[k] = yv[k];                                              \
+                EXPB(eb, len);                                                                                \
+                for (int64_t k = 0; k < len; k++) eb[k] = gv[k] - eb[k] * total;                              \
+            } else {                                                                                          \
+                for (int64_t k = 0; k < len; k++) eb[k] = yv[k] * (gv[k] - total);                            \
+            }                                                                                                 \
+            for (int64_t k = 0; k < len; k++) dx[b0 + k] = STORE(eb[k]);                                      \
         }                                                                                                     \
     }                                                                                                         \
                                                                                                               \
     static void fwd_##SUFFIX(int64_t rows, int64_t n, const T *x, int64_t xs, int lg, T *y, int64_t ys,       \
                              int threads) {                                                                   \
         _Pragma("omp parallel for schedule(static) num_threads(threads) if(rows > 1 && rows * n > SERIAL)")   \
-        for (int64_t r = 0; r < rows; r++) fwd_row_##SUFFIX(n, x + r * xs, lg, y + r * ys);                   \
+        for (int64_t r = 0; r < rows; r++) fwd_row_##SUFFIX(n, x + r * xs, lg, y + r * ys);             \
     }                                                                                                         \
                                                                                                               \
     static void bwd_##SUFFIX(int64_t rows, int64_t n, const T *g, int64_t gs, const T *y, int64_t ys, int lg, \
@@ -93,10 +142,10 @@
         for (int64_t r = 0; r < rows; r++) bwd_row_##SUFFIX(n, g + r * gs, y + r * ys, lg, dx + r * dxs);     \
     }
 
-DEFINE_SOFTMAX(f64, double, double, LOAD_F64, STORE_F64, exp, log)
-DEFINE_SOFTMAX(f32, float, float, LOAD_F32, STORE_F32, expf, logf)
-DEFINE_SOFTMAX(f16, uint16_t, float, LOAD_F16, STORE_F16, expf, logf)
-DEFINE_SOFTMAX(bf16, uint16_t, float, LOAD_BF16, STORE_BF16, expf, logf)
+DEFINE_SOFTMAX(f64, double, double, LOAD_F64, STORE_F64, exp_block_f64, log, 1)
+DEFINE_SOFTMAX(f32, float, float, LOAD_F32, STORE_F32, opsmith_exp_block_f32, logf, 1)
+DEFINE_SOFTMAX(f16, uint16_t, float, LOAD_F16, STORE_F16, opsmith_exp_block_f32, logf, 0)
+DEFINE_SOFTMAX(bf16, uint16_t, float, LOAD_BF16, STORE_BF16, opsmith_exp_block_f32, logf, 0)
 
 opsmith_status opsmith_softmax_fwd_cpu(opsmith_dtype dtype, int64_t rows, int64_t n, const void *x,
                                        int64_t x_row_stride, int log, void *y, int64_t y_row_stride) {
