@@ -427,9 +427,9 @@ def main(argv=None) -> int:
     dtype = torch.bfloat16 if cfg.dtype == "bfloat16" else torch.float32
     ops = per_op_times(cfg, device, dtype)
     print(f"\nper-op forward+backward at the model's shapes ({cfg.dtype}), ms:")
-    print(f"{'op':<16} {'opsmith':>9} {'PyTorch':>9} {'speed-up':>9}")
+    print(f"{'op':<24} {'opsmith':>9} {'PyTorch':>9} {'speed-up':>9}")
     for op, t in ops.items():
-        print(f"{op:<16} {t['opsmith']:>9.3f} {t['torch']:>9.3f} {t['torch'] / t['opsmith']:>8.2f}x")
+        print(f"{op:<24} {t['opsmith']:>9.3f} {t['torch']:>9.3f} {t['torch'] / t['opsmith']:>8.2f}x")
     first, last = runs["torch"]["losses"][0][1], runs["torch"]["losses"][-1][1]
     # the two models compute one function; rounding apart, the curves coincide
     tolerance = 0.02 * max(1.0, first) if cfg.dtype == "float32" else 0.1 * max(1.0, first)
