@@ -13,6 +13,7 @@ from typing import Optional
 import torch
 
 from .. import _library  # noqa: F401  (loads the library: torch.ops.opsmith.* exists after this)
+from . import route_a
 
 _fwd = torch.ops.opsmith.cross_entropy_fwd.default
 _fwd_inplace = torch.ops.opsmith.cross_entropy_fwd_.default
@@ -156,25 +157,13 @@ for _name in ("cross_entropy_fwd", "cross_entropy_fwd_", "cross_entropy_bwd"):
 
 # --- route A: pybind11 + torch.autograd.Function -------------------------------------
 
-_pybind_module = None
-
-
-def _pybind():
-    # imported on first use: `import opsmith` does not need route A
-    global _pybind_module
-    if _pybind_module is None:
-        from .. import _pybind as module
-        _pybind_module = module
-    return _pybind_module
-
-
 class CrossEntropyFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, target, weight, ignore_index, label_smoothing, z_loss, softcap, reduction):
         if weight is not None and weight.requires_grad:
             raise RuntimeError("cross_entropy: the gradient of weight is not implemented (as in PyTorch); "
                                "pass weight.detach()")
-        loss, z, lse, dl, error = _pybind().cross_entropy_fwd(logits, target, weight, ignore_index, label_smoothing,
+        loss, z, lse, dl, error = route_a().cross_entropy_fwd(logits, target, weight, ignore_index, label_smoothing,
                                                               z_loss, softcap, reduction, logits.requires_grad)
         ctx.save_for_backward(dl)
         ctx.mark_non_differentiable(z, error)
@@ -190,7 +179,7 @@ class CrossEntropyFunction(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def _backward(ctx, g):
         (dl,) = ctx.saved_tensors
-        return _pybind().cross_entropy_bwd(g, dl), None, None, None, None, None, None, None
+        return route_a().cross_entropy_bwd(g, dl), None, None, None, None, None, None, None
 
 
 PYBIND_TRANSFORM_ERROR = ("opsmith.pybind.cross_entropy: route A does not support torch.func transforms "

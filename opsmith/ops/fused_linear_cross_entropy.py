@@ -14,6 +14,7 @@ from typing import Optional
 import torch
 
 from .. import _library  # noqa: F401  (loads the library: torch.ops.opsmith.* exists after this)
+from . import route_a
 from .cross_entropy import _softcap, _validate
 
 _fwd = torch.ops.opsmith.fused_linear_cross_entropy_fwd.default
@@ -131,24 +132,12 @@ def _refuse_vmap(*args, **kwargs):
 
 # --- route A: pybind11 + torch.autograd.Function -------------------------------------
 
-_pybind_module = None
-
-
-def _pybind():
-    # imported on first use: `import opsmith` does not need route A
-    global _pybind_module
-    if _pybind_module is None:
-        from .. import _pybind as module
-        _pybind_module = module
-    return _pybind_module
-
-
 class FusedLinearCrossEntropyFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, bias, target, ignore_index, label_smoothing, z_loss, softcap, reduction,
                 chunk_size):
         nh, nw, nb = ctx.needs_input_grad[:3]
-        loss, z, dh, dw, db, error = _pybind().fused_linear_cross_entropy_fwd(
+        loss, z, dh, dw, db, error = route_a().fused_linear_cross_entropy_fwd(
             hidden, weight, target, bias, ignore_index, label_smoothing, z_loss, softcap, reduction, chunk_size,
             nh, nw, nb)
         ctx.save_for_backward(dh, dw, db)
@@ -174,7 +163,7 @@ class FusedLinearCrossEntropyFunction(torch.autograd.Function):
                 grads.append(None)
                 continue
             d2 = d.view(1, -1) if d.dim() == 1 else d
-            grads.append(_pybind().cross_entropy_bwd(g.to(d.dtype), d2).view(d.shape))
+            grads.append(route_a().cross_entropy_bwd(g.to(d.dtype), d2).view(d.shape))
         return (*grads, None, None, None, None, None, None, None)
 
 

@@ -9,6 +9,7 @@ from typing import Optional
 import torch
 
 from .. import _library  # noqa: F401  (loads the library: torch.ops.opsmith.* exists after this)
+from . import route_a
 
 _softmax_fwd = torch.ops.opsmith.softmax_fwd.default
 _softmax_bwd = torch.ops.opsmith.softmax_bwd.default
@@ -71,21 +72,10 @@ def _softmax_bwd_vmap(info, in_dims, dy, y, log=False):
 
 # --- route A: pybind11 + torch.autograd.Function -------------------------------------
 
-_pybind_module = None
-
-
-def _pybind():
-    global _pybind_module
-    if _pybind_module is None:
-        from .. import _pybind as module
-        _pybind_module = module
-    return _pybind_module
-
-
 class SoftmaxFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, log):
-        y = _pybind().softmax_fwd(x, log)
+        y = route_a().softmax_fwd(x, log)
         ctx.save_for_backward(y)
         ctx.log = log
         return y
@@ -100,7 +90,7 @@ class SoftmaxFunction(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def _backward(ctx, dy):
         (y,) = ctx.saved_tensors
-        return _pybind().softmax_bwd(dy, y, ctx.log), None
+        return route_a().softmax_bwd(dy, y, ctx.log), None
 
 
 PYBIND_TRANSFORM_ERROR = ("opsmith.pybind.softmax: route A does not support torch.func transforms "
