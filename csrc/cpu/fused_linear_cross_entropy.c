@@ -61,6 +61,33 @@ static void narrow_d(opsmith_dtype dtype, const double *src, int64_t n, double s
         return s;                                                                                                 \
     }                                                                                                             \
                                                                                                                   \
+    /* out[t][r] = dot(h_t, w_r) for 2 rows of h and 4 of w: every load of h                                   \
+     * serves 4 products and every load of w 2 (the lanes stay in registers) */                                   \
+    static void dots2x4_##S(const ACC *h0, const ACC *h1, const ACC *w, int64_t dim, ACC out[2][4]) {           \
+        ACC a[2][4][LANES];                                                                                       \
+        for (int t = 0; t < 2; t++)                                                                               \
+            for (int r = 0; r < 4; r++)                                                                           \
+                for (int j = 0; j < LANES; j++) a[t][r][j] = 0;                                                   \
+        const ACC *w0 = w, *w1 = w + dim, *w2 = w + 2 * dim, *w3 = w + 3 * dim;                                   \
+        int64_t k = 0;                                                                                            \
+        for (; k + LANES <= dim; k += LANES)                                                                      \
+            for (int j = 0; j < LANES; j++) {                                                                     \
+                const ACC x0 = h0[k + j], x1 = h1[k + j];                                                         \
+                a[0][0][j] += x0 * w0[k + j], a[0][1][j] += x0 * w1[k + j];                                       \
+                a[0][2][j] += x0 * w2[k + j], a[0][3][j] += x0 * w3[k + j];                                       \
+                a[1][0][j] += x1 * w0[k + j], a[1][1][j] += x1 * w1[k + j];                                       \
+                a[1][2][j] += x1 * w2[k + j], a[1][3][j] += x1 * w3[k + j];                                       \
+            }                                                                                                     \
+        const ACC *hh[2] = {h0, h1}, *ww[4] = {w0, w1, w2, w3};                                                   \
+        for (int t = 0; t < 2; t++)                                                                               \
+            for (int r = 0; r < 4; r++) {                                                                         \
+                ACC s = 0;                                                                                        \
+                for (int64_t q = k; q < dim; q++) s += hh[t][q] * ww[r][q];                                       \
+                for (int j = 0; j < LANES; j++) s += a[t][r][j];                                                  \
+                out[t][r] = s;                                                                                    \
+            }                                                                                                     \
+    }                                                                                                             \
+                                                                                                                  \
     static void logits_##S(opsmith_dtype dtype, int64_t c, int64_t dim, int64_t vocab, const ACC *h, int64_t hs,  \
                            const ACC *w, const void *bias, void *out, int threads) {                              \
         const size_t size = opsmith_dtype_size(dtype);                                                            \
@@ -68,12 +95,23 @@ static void narrow_d(opsmith_dtype dtype, const double *src, int64_t n, double s
         _Pragma("omp parallel for schedule(static) num_threads(threads) if(c * vocab * dim > 65536)")             \
         for (int64_t b = 0; b < blocks; b++) {                                                                    \
             const int64_t v0 = b * VBLOCK, v1 = v0 + VBLOCK < vocab ? v0 + VBLOCK : vocab;                        \
-            ACC bv[VBLOCK], y[VBLOCK];                                                                            \
+            ACC bv[VBLOCK], y[2][VBLOCK], o[2][4];                                                                \
             if (bias) widen_##S(dtype, (const char *)bias + (size_t)v0 * size, v1 - v0, bv);                      \
-            for (int64_t i = 0; i < c; i++) {                                                                     \
-                for (int64_t v = v0; v < v1; v++)                                                                 \
-                    y[v - v0] = dot_##S(h + i * hs, w + v * dim, dim) + (bias ? bv[v - v0] : (ACC)0);             \
-                narrow_##S(dtype, y, v1 - v0, (ACC)1, (char *)out + ((size_t)i * vocab + v0) * size);             \
+            for (int64_t i = 0; i < c; i += 2) {                                                                  \
+                const int pair = i + 1 < c;                                                                       \
+                const ACC *h0 = h + i * hs, *h1 = pair ? h0 + hs : h0;                                            \
+                int64_t v = v0;                                                                                   \
+                for (; v + 4 <= v1; v += 4) {                                                                     \
+                    dots2x4_##S(h0, h1, w + v * dim, dim, o);                                                     \
+                    for (int r = 0; r < 4; r++) y[0][v - v0 + r] = o[0][r], y[1][v - v0 + r] = o[1][r];           \
+                }                                                                                                 \
+                for (; v < v1; v++)                                                                               \
+                    y[0][v - v0] = dot_##S(h0, w + v * dim, dim), y[1][v - v0] = dot_##S(h1, w + v * dim, dim);   \
+                for (int t = 0; t < 1 + pair; t++) {                                                              \
+                    if (bias)                                                                                     \
+                        for (int64_t q = 0; q < v1 - v0; q++) y[t][q] += bv[q];                                   \
+                    narrow_##S(dtype, y[t], v1 - v0, (ACC)1, (char *)out + ((size_t)(i + t) * vocab + v0) * size); \
+                }                                                                                                 \
             }                                                                                                     \
         }                                                                                                         \
     }                                                                                                             \
