@@ -106,6 +106,22 @@ def _mlp_forward(self, x):
     return self.down_proj(h)
 
 
+def _shifted_labels(labels, ignore_index: int, shift_labels=None):
+    if shift_labels is None:
+        # Hugging Face's shift: pad, then drop the first; the last position is ignored
+        shift_labels = torch.nn.functional.pad(labels, (0, 1), value=ignore_index)[..., 1:]
+    return shift_labels
+
+
+def _per_item(loss, num_items_in_batch):
+    # Hugging Face's gradient accumulation: a sum over the tokens divided by the items of the whole batch
+    if num_items_in_batch is not None:
+        if torch.is_tensor(num_items_in_batch):
+            num_items_in_batch = num_items_in_batch.to(loss.device)
+        loss = loss / num_items_in_batch
+    return loss.float()
+
+
 def causal_lm_loss(logits, labels, vocab_size: int, num_items_in_batch=None, ignore_index: int = -100,
                    shift_labels=None, **kwargs):
     """Hugging Face's ForCausalLMLoss through opsmith.cross_entropy: the same
@@ -114,25 +130,12 @@ def causal_lm_loss(logits, labels, vocab_size: int, num_items_in_batch=None, ign
     computed in float32 and returned in the logits' dtype, as
     F.cross_entropy gives on those logits (Hugging Face's own path upcasts
     the logits first, so its bf16 models report a float32 loss)."""
-    if shift_labels is None:
-        labels = torch.nn.functional.pad(labels, (0, 1), value=ignore_index)
-        shift_labels = labels[..., 1:]
+    shift_labels = _shifted_labels(labels, ignore_index, shift_labels)
     logits = logits.reshape(-1, vocab_size)
     shift_labels = shift_labels.reshape(-1).to(logits.device)
-    reduction = "sum" if num_items_in_batch is not None else "mean"
-    loss = opsmith.cross_entropy(logits, shift_labels, ignore_index=ignore_index, reduction=reduction)
-    if reduction == "sum":
-        if torch.is_tensor(num_items_in_batch):
-            num_items_in_batch = num_items_in_batch.to(loss.device)
-        loss = loss / num_items_in_batch
-    return loss.float()
-
-
-def _shifted_labels(labels, ignore_index: int, shift_labels=None):
-    if shift_labels is None:
-        # Hugging Face's shift: pad, then drop the first; the last position is ignored
-        shift_labels = torch.nn.functional.pad(labels, (0, 1), value=ignore_index)[..., 1:]
-    return shift_labels
+    loss = opsmith.cross_entropy(logits, shift_labels, ignore_index=ignore_index,
+                                 reduction="sum" if num_items_in_batch is not None else "mean")
+    return _per_item(loss, num_items_in_batch)
 
 
 def fused_causal_lm_loss(hidden_states, lm_head: torch.nn.Linear, labels, num_items_in_batch=None,
@@ -144,14 +147,10 @@ def fused_causal_lm_loss(hidden_states, lm_head: torch.nn.Linear, labels, num_it
     shift_labels = _shifted_labels(labels, ignore_index, shift_labels)
     h = hidden_states.reshape(-1, hidden_states.shape[-1])
     t = shift_labels.reshape(-1).to(h.device)
-    reduction = "sum" if num_items_in_batch is not None else "mean"
     loss = opsmith.fused_linear_cross_entropy(h, lm_head.weight, t, bias=lm_head.bias, ignore_index=ignore_index,
-                                              reduction=reduction, softcap=softcap)
-    if reduction == "sum":
-        if torch.is_tensor(num_items_in_batch):
-            num_items_in_batch = num_items_in_batch.to(loss.device)
-        loss = loss / num_items_in_batch
-    return loss.float()
+                                              reduction="sum" if num_items_in_batch is not None else "mean",
+                                              softcap=softcap)
+    return _per_item(loss, num_items_in_batch)
 
 
 def _causal_lm_forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,

@@ -52,6 +52,18 @@ def _rows(logits, target):
     return logits.reshape(-1, logits.shape[-1]), target.reshape(-1), target.shape
 
 
+def _options_repr(module) -> str:
+    """The loss options a module shows in its repr where they are set."""
+    extra = ""
+    if module.label_smoothing:
+        extra += f", label_smoothing={module.label_smoothing}"
+    if module.z_loss:
+        extra += f", z_loss={module.z_loss}"
+    if module.softcap is not None:
+        extra += f", softcap={module.softcap}"
+    return extra
+
+
 def _validate(error, n, ignore_index):
     # one host synchronisation, asked for (validate=True)
     flag, row, value = error.tolist()
@@ -239,14 +251,7 @@ class CrossEntropyLoss(torch.nn.Module):
                              inplace_grad=self.inplace_grad)
 
     def extra_repr(self) -> str:
-        extra = f"ignore_index={self.ignore_index}, reduction={self.reduction!r}"
-        if self.label_smoothing:
-            extra += f", label_smoothing={self.label_smoothing}"
-        if self.z_loss:
-            extra += f", z_loss={self.z_loss}"
-        if self.softcap is not None:
-            extra += f", softcap={self.softcap}"
-        return extra
+        return f"ignore_index={self.ignore_index}, reduction={self.reduction!r}" + _options_repr(self)
 
 
 # --- what this op adds to opsmith, opsmith.nn and opsmith.pybind -------------------------

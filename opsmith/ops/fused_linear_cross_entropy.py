@@ -15,7 +15,7 @@ import torch
 
 from .. import _library  # noqa: F401  (loads the library: torch.ops.opsmith.* exists after this)
 from . import route_a
-from .cross_entropy import _softcap, _validate
+from .cross_entropy import _options_repr, _softcap, _validate
 
 _fwd = torch.ops.opsmith.fused_linear_cross_entropy_fwd.default
 
@@ -242,12 +242,7 @@ class FusedLinearCrossEntropyLoss(torch.nn.Module):
     def extra_repr(self) -> str:
         extra = (f"in_features={self.weight.shape[1]}, out_features={self.weight.shape[0]}, "
                  f"bias={self.bias is not None}, ignore_index={self.ignore_index}, reduction={self.reduction!r}")
-        if self.label_smoothing:
-            extra += f", label_smoothing={self.label_smoothing}"
-        if self.z_loss:
-            extra += f", z_loss={self.z_loss}"
-        if self.softcap is not None:
-            extra += f", softcap={self.softcap}"
+        extra += _options_repr(self)
         if self.chunk_size is not None:
             extra += f", chunk_size={self.chunk_size}"
         return extra
