@@ -26,8 +26,9 @@ void opsmith_cross_entropy_fwd_reference(int64_t rows, int64_t n, const double *
         const int ignored = t == ignore_index;
         const double wt = ignored ? 0.0 : weight ? weight[t] : 1.0;
         if (!ignored) {
-            double smooth = 0.0;
-            for (int64_t c = 0; c < n; c++) smooth += (weight ? weight[c] : 1.0) * (lse - y[c]);
+            double smooth = 0.0; /* only when smoothing: a -inf (masked) logit makes it inf */
+            if (ls > 0)
+                for (int64_t c = 0; c < n; c++) smooth += (weight ? weight[c] : 1.0) * (lse - y[c]);
             zl = z_loss * lse * lse;
             l = (1.0 - ls) * wt * (lse - y[t]) + ls / (double)n * smooth + zl;
             denom += wt;
@@ -43,7 +44,7 @@ void opsmith_cross_entropy_fwd_reference(int64_t rows, int64_t n, const double *
                     dlogits[r * n + c] = 0.0;
                     continue;
                 }
-                const double p = exp(y[c] - lse), wc = weight ? weight[c] : 1.0;
+                const double p = exp(y[c] - m) / s, wc = weight ? weight[c] : 1.0;
                 double g = p * ((1.0 - ls) * wt + ls / (double)n * wsum + 2.0 * z_loss * lse) - ls / (double)n * wc;
                 if (c == t) g -= (1.0 - ls) * wt;
                 if (softcap > 0) g *= 1.0 - (y[c] / softcap) * (y[c] / softcap);
