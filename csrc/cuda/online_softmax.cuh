@@ -73,32 +73,27 @@ template <typename A> __device__ __forceinline__ void block_max_sum(A &m, A &s, 
 
 
 /* The row statistics of the v2 kernels. For float, exp(y - m) against the
- * row's running max m is taken as 2^(fma(y, log2e, -M)) with M = m * log2e
- * rounded once: one FMA and one ex2.approx (MUFU) an element in place of
- * expf's ~10 instructions. The FMA does not round y * log2e on its own, so
- * the error does not grow with |y| (logits scaled by 1e4 stay accurate);
- * M's rounding shifts every element of the row alike and cancels in
- * exp(y - m) / sum, and log_sum takes it out of the log of the sum exactly
- * (fma(m, log2e, -M) is that rounding, exact). Double keeps exp(). */
+ * row's running max m is taken as 2^((y - m) log2e): one subtraction, one
+ * multiply and one ex2.approx (MUFU) an element in place of expf's ~10
+ * instructions. y - m is rounded relative to itself, not to |y|, so logits
+ * scaled by 1e4 stay accurate, and nothing overflows at any finite |y| (the
+ * earlier single-FMA form, 2^(fma(y, log2e, -m log2e)), turned rows with
+ * |max| above ~7e8 into NaN). M, the shift, is m itself, as for double. */
 template <typename A> struct Ex;
 template <> struct Ex<float> {
     static constexpr float kLog2e = 1.4426950408889634f;
-    static constexpr float kLn2 = 0.6931471805599453f;
     __device__ static __forceinline__ float ex2(float v) {
         float r;
         asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
         return r;
     }
-    __device__ static __forceinline__ float shift(float m) { return m * kLog2e; }
-    /* exp(y - m) times the row's common factor 2^(m log2e - M) */
-    __device__ static __forceinline__ float term(float y, float M) { return ex2(fmaf(y, kLog2e, -M)); }
-    /* exp(a - b) for the shifts of two maxima a and b */
-    __device__ static __forceinline__ float ratio(float Ma, float Mb) { return ex2(Ma - Mb); }
-    /* log(sum exp(y - m)) from s = sum term(y, M) = that sum * 2^(M - m log2e) */
-    __device__ static __forceinline__ float log_sum(float s, float m, float M) {
-        const float r = isfinite(m) ? fmaf(m, kLog2e, -M) : 0.0f;
-        return logf(s) - r * kLn2;
-    }
+    __device__ static __forceinline__ float shift(float m) { return m; }
+    /* exp(y - M) */
+    __device__ static __forceinline__ float term(float y, float M) { return ex2((y - M) * kLog2e); }
+    /* exp(a - b) for two maxima a and b */
+    __device__ static __forceinline__ float ratio(float Ma, float Mb) { return ex2((Ma - Mb) * kLog2e); }
+    /* log(sum exp(y - m)) from s = that sum */
+    __device__ static __forceinline__ float log_sum(float s, float, float) { return logf(s); }
 };
 template <> struct Ex<double> {
     __device__ static __forceinline__ double shift(double m) { return m; }

@@ -155,7 +155,7 @@ def _liger(n, dtype, device):
     from liger_kernel.ops.cross_entropy import LigerCrossEntropyFunction
 
     def fn(x):
-        out = LigerCrossEntropyFunction.apply(x, _target_for(x))
+        out = LigerCrossEntropyFunction.apply(x, _target_for(x), None)  # weight (no default in Liger 0.8)
         return out[0] if isinstance(out, tuple) else out
     return fn
 
