@@ -18,8 +18,8 @@
  *      (deterministic), or the per-row values for reduction none.
  * A target out of range sets the device-side error flag (row, value) and
  * makes that row's loss and gradient NaN. Arithmetic in Acc (double for
- * f64, float otherwise); exponentials as RowStat/RowNorm take them (one
- * FMA and ex2 an element in float). Formulas in
+ * f64, float otherwise); exponentials as RowStat/RowNorm take them (a
+ * subtraction, a multiply and ex2 an element in float). Formulas in
  * include/opsmith/cross_entropy.h. */
 #include "common.cuh"
 #include "online_softmax.cuh"
