@@ -10,6 +10,15 @@
  * model, 21 for 8000 tensors, with no device buffer to upload, no
  * allocation and no host synchronisation (a CUDA graph captures it).
  *
+ * On sm_90 the launches of one call overlap (programmatic dependent
+ * launch): each block lets the next launch start as soon as it begins, and
+ * waits for the previous launch to finish only after its own work. A call's
+ * launches touch disjoint tensors, so nothing is read early; each launch
+ * still ends after the one before it, so the call's last launch ends after
+ * all of them and work queued after the call sees every update. Without
+ * the overlap every launch of the 8000-tensor set paid its fill and drain
+ * (about a third of its time).
+ *
  * Inside a chunk every thread moves 4 elements at a time: 16-byte loads of
  * the float32 roles (8-byte for 16-bit params and grads) where every
  * pointer of the chunk is aligned to it, element by element otherwise and
@@ -20,6 +29,7 @@
 
 #include "common.cuh"
 #include "internal/adamw.h"
+#include "launch_plan.cuh"
 
 namespace opsmith {
 namespace {
@@ -119,8 +129,30 @@ __device__ __forceinline__ float update(const Consts &c, bool amsgrad, float p, 
     return __fmul_rn(p, c.decay) + -c.step_size * __fdiv_rn(m, denom);
 }
 
+/* Programmatic dependent launch (sm_90): the next launch of the call may
+ * start now; this block's end waits for the previous launch's. No-ops when
+ * the launch did not ask for the overlap. */
+__device__ __forceinline__ void let_next_launch_start() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wait_for_previous_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+template <typename P, typename G> __device__ __forceinline__ void step_chunk(const StepTable &tab, const StepScalars &s);
+
 template <typename P, typename G>
 __global__ void __launch_bounds__(THREADS) adamw_step_kernel(const StepTable tab, const StepScalars s) {
+    let_next_launch_start();
+    step_chunk<P, G>(tab, s);
+    wait_for_previous_launch();
+}
+
+template <typename P, typename G> __device__ __forceinline__ void step_chunk(const StepTable &tab, const StepScalars &s) {
     const int t = slot_of(tab.first, tab.nt, (int)blockIdx.x);
     const int64_t off = (int64_t)((int)blockIdx.x - tab.first[t]) * OPSMITH_ADAMW_CHUNK;
     const int64_t rest = tab.n[t] - off;
@@ -181,6 +213,21 @@ __global__ void __launch_bounds__(THREADS) adamw_step_kernel(const StepTable tab
         m[i] = mi, v[i] = vi;
         if (ams) vmax[i] = xi;
     }
+}
+
+/* One launch of the step; `overlap`: it may start while the previous one drains. */
+template <typename P, typename G>
+void launch_step(int32_t blocks, cudaStream_t stream, bool overlap, const StepTable &tab, const StepScalars &s) {
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cfg.gridDim = dim3((unsigned)blocks);
+    cfg.blockDim = dim3(THREADS);
+    cfg.stream = stream;
+    cfg.attrs = &attr;
+    cfg.numAttrs = overlap ? 1 : 0;
+    cudaLaunchKernelEx(&cfg, adamw_step_kernel<P, G>, tab, s);
 }
 
 /* The step counters a launch increments: as many as the kernel argument holds. */
@@ -269,19 +316,24 @@ extern "C" opsmith_status opsmith_adamw_step_cuda(
     if (st != OPSMITH_STATUS_SUCCESS || count == 0) return st;
     const StepScalars s{(float)lr, lr_tensor, beta1, beta2, eps, weight_decay, clip_coef, amsgrad, maximize};
     cudaStream_t cs = reinterpret_cast<cudaStream_t>(stream);
+    DeviceInfo dev;
+    int device;
+    const bool overlap = device_info(&dev, &device) && dev.major >= 9;
     return dispatch_storage(param_dtype, [&](auto ptag) {
         return dispatch_storage(grad_dtype, [&](auto gtag) {
             using P = decltype(ptag);
             using G = decltype(gtag);
             static StepTable empty_table; /* zero: unused slots stay NULL */
             StepTable tab = empty_table;
-            int nt = 0;
+            int nt = 0, launches = 0;
             int32_t nb = 0;
             auto flush = [&]() -> opsmith_status {
                 if (nt == 0) return OPSMITH_STATUS_SUCCESS;
                 tab.first[nt] = nb;
                 tab.nt = nt;
-                adamw_step_kernel<P, G><<<nb, THREADS, 0, cs>>>(tab, s);
+                /* the first launch of the call waits for whatever came before it as usual */
+                launch_step<P, G>(nb, cs, overlap && launches > 0, tab, s);
+                launches++;
                 nt = 0, nb = 0;
                 return launch_status();
             };
