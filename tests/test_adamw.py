@@ -491,6 +491,36 @@ def test_cuda_misaligned_views_and_many_tensors():
 
 
 @needs_cuda
+def test_cuda_overlapped_launches_in_a_graph_then_read_at_once():
+    # 1500 aligned tensors (four launches, which overlap on sm_90), one of them
+    # larger than a chunk, stepped in a CUDA graph; every parameter is read by
+    # the very next kernel on the stream (no synchronisation in between)
+    g = torch.Generator().manual_seed(11)
+    sizes = [int(x) for x in torch.randint(1, 4000, (1500,), generator=g)] + [3 * 8192 + 5]
+    pa = [torch.nn.Parameter(torch.randn(n, generator=g).cuda()) for n in sizes]
+    pb = [torch.nn.Parameter(p.detach().clone()) for p in pa]
+    ours = AdamW(pa, lr=1e-2, capturable=True)
+    theirs = torch.optim.AdamW(pb, lr=1e-2, fused=True)
+    grads = [torch.randn(n, generator=g).cuda() for n in sizes]
+    for p, q, gr in zip(pa, pb, grads):
+        p.grad, q.grad = gr.clone(), gr.clone()
+    ours.step(), theirs.step()  # state made outside the graph
+    graph = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        with torch.cuda.graph(graph):
+            ours.step()
+    torch.cuda.current_stream().wait_stream(s)
+    for _ in range(4):
+        graph.replay()
+        flat_ours = torch.cat([p.detach() for p in pa])  # right behind the replay
+        theirs.step()
+        flat_theirs = torch.cat([p.detach() for p in pb])
+        torch.testing.assert_close(flat_ours, flat_theirs, rtol=1e-5, atol=1e-5)
+
+
+@needs_cuda
 def test_cuda_tensor_of_2400_chunks():
     # 157M elements in one tensor: 19200 blocks of one launch, 64-bit offsets
     n = 2400 * 65536 + 17
