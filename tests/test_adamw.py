@@ -490,6 +490,18 @@ def test_cuda_misaligned_views_and_many_tensors():
     assert_close_params(pa, pb, rtol=1e-5, atol=1e-5)
 
 
+def captured_step(optimizer):
+    """optimizer.step() captured in a CUDA graph (on a side stream, as torch requires)"""
+    graph = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        with torch.cuda.graph(graph):
+            optimizer.step()
+    torch.cuda.current_stream().wait_stream(s)
+    return graph
+
+
 @needs_cuda
 def test_cuda_overlapped_launches_in_a_graph_then_read_at_once():
     # 1500 aligned tensors (four launches, which overlap on sm_90), one of them
@@ -505,13 +517,7 @@ def test_cuda_overlapped_launches_in_a_graph_then_read_at_once():
     for p, q, gr in zip(pa, pb, grads):
         p.grad, q.grad = gr.clone(), gr.clone()
     ours.step(), theirs.step()  # state made outside the graph
-    graph = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        with torch.cuda.graph(graph):
-            ours.step()
-    torch.cuda.current_stream().wait_stream(s)
+    graph = captured_step(ours)
     for _ in range(4):
         graph.replay()
         flat_ours = torch.cat([p.detach() for p in pa])  # right behind the replay
@@ -552,13 +558,7 @@ def test_cuda_graph_capture_with_tensor_lr():
     set_grads(pa, 0)
     ours.step()  # state made outside the graph
     static_grads = [p.grad for p in pa]
-    graph = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        with torch.cuda.graph(graph):
-            ours.step()
-    torch.cuda.current_stream().wait_stream(s)
+    graph = captured_step(ours)
     set_grads(pb, 0)
     torch.nn.utils.clip_grad_norm_(pb, 0.5)
     theirs.step()
