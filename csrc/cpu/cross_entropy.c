@@ -114,6 +114,54 @@ static inline void exp_block_f64(double *v, int64_t n) {
         d[t] = STORE((e_t * coef - smooth * (w ? w[t] : (ACC)1) - target_coef) * dy_t * scale);                 \
     }                                                                                                           \
                                                                                                                 \
+    /* A row that fits one block (n <= BLOCK: small vocabularies), read and   \
+     * widened once: max, e = exp(y - max) kept in the buffer, their sum, and  \
+     * from them the gradient (p = e / sum) when d is not NULL: one pass of    \
+     * loads and exponentials where the general path makes three. coef is     \
+     * coef0 + z2 lse (the z-loss term needs lse). Returns lse; *wy as         \
+     * row_lse's. d may be x (in place): the row is in the buffer first. */    \
+    OPSMITH_CPU_CLONES static ACC row_small_##SUFFIX(int64_t n, const T *x, int64_t t, ACC cap, const ACC *w,  \
+                                                     ACC *wy, ACC coef0, ACC z2, ACC smooth, ACC target_coef,  \
+                                                     ACC scale, T *d) {                                        \
+        const ACC inv_cap = cap > 0 ? (ACC)1 / cap : (ACC)0;                                                    \
+        ACC y[BLOCK], e[BLOCK], m[LANES], a[LANES], s[LANES];                                                   \
+        for (int k = 0; k < LANES; k++) m[k] = -INFINITY, a[k] = 0, s[k] = 0;                                   \
+        load_##SUFFIX(x, n, cap, inv_cap, y);                                                                   \
+        int64_t i = 0;                                                                                          \
+        for (; i + LANES <= n; i += LANES) {                                                                    \
+            _Pragma("omp simd")                                                                                 \
+            for (int k = 0; k < LANES; k++) m[k] = y[i + k] > m[k] ? y[i + k] : m[k];                           \
+        }                                                                                                       \
+        for (int k = 0; i < n; i++, k++) m[k] = y[i] > m[k] ? y[i] : m[k];                                      \
+        if (wy) {                                                                                               \
+            if (w) OPSMITH_LANES_ADD(LANES, a, n, j, w[j] * y[j]);                                              \
+            else OPSMITH_LANES_ADD(LANES, a, n, j, y[j]);                                                       \
+        }                                                                                                       \
+        ACC mx = -INFINITY, sum_wy = 0;                                                                         \
+        for (int k = 0; k < LANES; k++) mx = m[k] > mx ? m[k] : mx, sum_wy += a[k];                             \
+        if (wy) *wy = sum_wy;                                                                                   \
+        const ACC base = isfinite(mx) ? mx : (ACC)0;                                                            \
+        for (int64_t k = 0; k < n; k++) e[k] = y[k] - base;                                                     \
+        EXPB(e, n);                                                                                             \
+        OPSMITH_LANES_ADD(LANES, s, n, j, e[j]);                                                                \
+        ACC total = 0;                                                                                          \
+        for (int k = 0; k < LANES; k++) total += s[k];                                                          \
+        const ACC lse = base + LOG(total);                                                                      \
+        if (!d) return lse;                                                                                     \
+        const ACC pc = (coef0 + z2 * lse) / total;                                                              \
+        for (int64_t k = 0; k < n; k++) e[k] *= pc;                                                             \
+        if (w) {                                                                                                \
+            for (int64_t k = 0; k < n; k++) e[k] -= smooth * w[k];                                              \
+        } else {                                                                                                \
+            for (int64_t k = 0; k < n; k++) e[k] -= smooth;                                                     \
+        }                                                                                                       \
+        e[t] -= target_coef;                                                                                    \
+        if (cap > 0)                                                                                            \
+            for (int64_t k = 0; k < n; k++) e[k] *= (ACC)1 - (y[k] * inv_cap) * (y[k] * inv_cap);               \
+        for (int64_t k = 0; k < n; k++) d[k] = STORE(e[k] * scale);                                             \
+        return lse;                                                                                             \
+    }                                                                                                           \
+                                                                                                                \
     static opsmith_status fwd_##SUFFIX(int64_t rows, int64_t n, const T *x, int64_t xs, const int64_t *tg,      \
                                        int64_t ts, const ACC *w, int64_t ignore, ACC ls, ACC z, ACC cap, int red, \
                                        T *loss, T *zout, ACC *lse_out, T *dl, int64_t dls, int64_t *error,      \
@@ -140,7 +188,17 @@ static inline void exp_block_f64(double *v, int64_t n) {
             const T *xr = x + r * xs;                                                                           \
             const int64_t t = tg[r * ts];                                                                       \
             ACC wy = 0;                                                                                         \
-            const ACC lse = row_lse_##SUFFIX(n, xr, cap, w, ls > 0 ? &wy : NULL);                               \
+            const ACC inv_cap = cap > 0 ? (ACC)1 / cap : (ACC)0;                                                \
+            /* the target's logit, read before the row is written (in place) */                                 \
+            const ACC wt = t == ignore ? (ACC)0 : w ? w[t] : (ACC)1;                                            \
+            const ACC y_t = t == ignore ? (ACC)0 : cap_##SUFFIX(LOAD(xr[t]), cap, inv_cap);                     \
+            /* a row that fits one block: lse and the gradient from one read (ignored rows: lse alone) */       \
+            const int small = n <= BLOCK;                                                                       \
+            const ACC lse = small ? row_small_##SUFFIX(n, xr, t, cap, w, ls > 0 ? &wy : NULL,                   \
+                                                       ((ACC)1 - ls) * wt + ls_n * wsum, 2 * z, ls_n,           \
+                                                       ((ACC)1 - ls) * wt, scale,                               \
+                                                       t == ignore ? NULL : dl ? dl + r * dls : NULL)           \
+                                  : row_lse_##SUFFIX(n, xr, cap, w, ls > 0 ? &wy : NULL);                       \
             if (lse_out) lse_out[r] = lse;                                                                      \
             if (t == ignore) {                                                                                  \
                 loss_rows[r] = 0, z_rows[r] = 0;                                                                \
@@ -148,13 +206,11 @@ static inline void exp_block_f64(double *v, int64_t n) {
                     for (int64_t c = 0; c < n; c++) dl[r * dls + c] = STORE((ACC)0);                            \
                 continue;                                                                                       \
             }                                                                                                   \
-            const ACC inv_cap = cap > 0 ? (ACC)1 / cap : (ACC)0;                                                \
-            const ACC wt = w ? w[t] : (ACC)1, y_t = cap_##SUFFIX(LOAD(xr[t]), cap, inv_cap);                    \
             const ACC zl = z * lse * lse;                                                                       \
             ACC l = ((ACC)1 - ls) * wt * (lse - y_t) + zl;                                                      \
             if (ls > 0) l += ls_n * (wsum * lse - wy);                                                          \
             loss_rows[r] = l, z_rows[r] = zl;                                                                   \
-            if (dl)                                                                                             \
+            if (dl && !small)                                                                                   \
                 row_grad_##SUFFIX(n, xr, t, cap, w, lse, ((ACC)1 - ls) * wt + ls_n * wsum + 2 * z * lse, ls_n,  \
                                   ((ACC)1 - ls) * wt, scale, dl + r * dls);                                     \
         }                                                                                                       \
