@@ -1,14 +1,19 @@
-/* softmax and log_softmax on the CPU: C11 + OpenMP, one row a task, block
- * by block: a block of a row is widened into a float (double for f64)
- * buffer and each pass is a fixed-lane loop over it the compiler
- * vectorizes, the exponential included (cpu_exp.h; libm's expf is a scalar
- * call). Forward: the max; e^(x - max) and its sum, e kept in the output
- * (f32, f64) or a float row buffer on the stack (f16, bf16 rows of up to
- * ROW_KEEP: rounding e to 16 bits before the division would round twice;
- * wider rows compute e again); the division. So each element takes one
- * exponential. Backward: the row's dot product; the write. Each
- * pass reads a block before it writes it, so y = x and dx = dy (in place)
- * compute what they would apart. Formulas in include/opsmith/softmax.h. */
+/* softmax and log_softmax on the CPU: C11 + OpenMP, one row a task. Every
+ * pass is one fixed-lane loop over the row that reads each element in its
+ * storage dtype, widens it in registers (bf16 a shift, f16 convert_block.h's
+ * branch-free form) and does all of that pass's arithmetic before the next
+ * element: no block buffers between the loads and the math, so the compiler
+ * vectorizes each pass whole, the exponential included (libm's expf is a
+ * scalar call). Forward: the max (64 lanes: max is exact in any order, the
+ * lanes are only for independent chains); e = e^(x - max) and its sum,
+ * e stored once (into y itself for f32/f64, a float row buffer on the stack
+ * for f16/bf16 rows of up to ROW_KEEP, as rounding e to 16 bits before the
+ * division would round twice; wider rows compute e again); the scale, fused
+ * with the store in the output dtype. log_softmax: the sum without a store,
+ * then x - lse. Backward: sum(dy * y) (sum(dy) for log_softmax), then the
+ * write, each one read of y and dy. Every element is loaded before its own
+ * output is stored, so y = x and dx = dy (in place) compute what they would
+ * apart. Formulas in include/opsmith/softmax.h. */
 #include <math.h>
 #include <stdint.h>
 
@@ -19,133 +24,159 @@
 #pragma GCC optimize("no-trapping-math")
 #endif
 
+#include "convert_block.h"
 #include "cpu_exp.h"
 #include "cpu_load_store.h"
 #include "cpu_rows.h"
 #include "internal/softmax.h"
 
-#define LANES 16
-#define BLOCK 256 /* elements widened into a buffer at a time (a multiple of LANES) */
+/* Row workers compiled for AVX-512 with BW, AVX2 and the baseline (cpu_rows.h's
+ * OPSMITH_CPU_CLONES has plain avx512f: without BW GCC handles 16-bit elements
+ * in 256-bit registers, and without VL those are 16, and the exponential's
+ * constants spill). The same bits on each: no FMA contraction, fixed lanes. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define SOFTMAX_CLONES __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
+#else
+#define SOFTMAX_CLONES
+#endif
+
+#define MAXL 64 /* lanes of the max */
+#define LANES 32 /* lanes of the sums: 2 AVX-512 or 4 AVX2 registers of independent adds */
 #define SERIAL 65536
 #define ROW_KEEP 32768 /* floats: 128 KB of stack (a thread has megabytes under glibc) */
 
-/* e^v in place: f64 through libm (f64 is for checking), float vectorized */
-static inline void exp_block_f64(double *v, int64_t n) {
-    for (int64_t i = 0; i < n; i++) v[i] = exp(v[i]);
+/* f16 through the branch-free conversions (convert.h's have branches and keep
+ * the loops scalar); the same bits */
+#define LOADV_F16(p) opsmith_block_f16_to_f32(p)
+#define STOREV_F16(v) opsmith_block_f32_to_f16(v)
+
+/* e^x for x <= 0 or NaN, the forward's x - max: cpu_exp.h's reduction and
+ * polynomial (the same bits wherever e^x is a normal float), with 2^k one
+ * factor: x is clamped at -88, where k = -127 and 2^k's bits are 0, so results
+ * below FLT_MIN (2^-126; e^x < 1.2e-38) are 0 instead of subnormal, -inf
+ * gives exactly 0, and no upper clamp is needed. NaN stays NaN. */
+static inline float exp_nonpos_f32(float x) {
+    const float c = x < -88.0f ? -88.0f : x;
+    const float t = c * 1.44269504088896341f + 12582912.0f;
+    const float kf = t - 12582912.0f;
+    const float r = (c - kf * 0.693145751953125f) - kf * 1.428606765330187e-06f;
+    float q = 1.381461159e-03f;
+    q = q * r + 8.368710056e-03f;
+    q = q * r + 4.166838899e-02f;
+    q = q * r + 1.666652113e-01f;
+    q = q * r + 4.999999404e-01f;
+    const float p = 1.0f + (r + r * r * q);
+    /* t's low mantissa bits hold k (the 1.5 * 2^23 shifter); shifted up 23 the
+     * shifter's own bits fall off the top: (k + 127) << 23, 0 for k = -127 */
+    return p * opsmith_f32_from_bits((opsmith_f32_bits(t) << 23) + (127u << 23));
 }
 
-/* T: storage type; ACC: math type; LOAD/STORE convert one element; EXPB
- * e^v over a block of ACC in place. SAME: T is ACC (the output can hold
- * e^(x - max) itself). */
-#define DEFINE_SOFTMAX(SUFFIX, T, ACC, LOAD, STORE, EXPB, LOG, SAME)                                          \
-    /* p[0, len) as ACC: p itself when T is ACC, else buf filled */                                           \
-    static inline const ACC *widen_##SUFFIX(const T *p, int64_t len, ACC *buf) {                              \
-        if (SAME) return (const ACC *)(const void *)p;                                                        \
-        for (int64_t k = 0; k < len; k++) buf[k] = LOAD(p[k]);                                                \
-        return buf;                                                                                           \
-    }                                                                                                         \
-                                                                                                              \
-    OPSMITH_CPU_CLONES static void fwd_row_##SUFFIX(int64_t n, const T *x, int lg, T *y) {                    \
-        ACC m[LANES], s[LANES], xb[BLOCK], eb[BLOCK];                                                         \
+static inline double exp_f64(double v) { return exp(v); } /* f64 is for checking: libm */
+
+/* T: storage type; ACC: math type; LOAD/STORE convert one element; EXP e^v
+ * for v <= 0 (forward), EXPA e^v for any v (log_softmax backward: y is the
+ * caller's). SAME: T is ACC (the output can hold e^(x - max) itself). */
+#define DEFINE_SOFTMAX(SUFFIX, T, ACC, LOAD, STORE, EXP, EXPA, LOG, SAME)                                     \
+    SOFTMAX_CLONES static void fwd_row_##SUFFIX(int64_t n, const T *x, int lg, T *y) {                    \
+        ACC m[MAXL], s[LANES];                                                                                \
         /* 16-bit storage: e^(x - max) kept in a float row buffer on the stack when the                       \
          * row fits (launchers allocate no memory), else computed again in the last pass */                   \
         ACC keep_row[SAME ? 1 : ROW_KEEP];                                                                    \
-        ACC *row = !SAME && !lg && n <= ROW_KEEP ? keep_row : NULL;                                           \
-        for (int k = 0; k < LANES; k++) m[k] = -INFINITY, s[k] = 0;                                           \
-        for (int64_t b0 = 0; b0 < n; b0 += BLOCK) {                                                           \
-            const int64_t len = n - b0 < BLOCK ? n - b0 : BLOCK;                                              \
-            const ACC *v = widen_##SUFFIX(x + b0, len, xb);                                                   \
-            int64_t i = 0;                                                                                    \
-            for (; i + LANES <= len; i += LANES) {                                                            \
-                /* without the pragma GCC keeps the lanes scalar */                                           \
-                _Pragma("omp simd")                                                                           \
-                for (int k = 0; k < LANES; k++) m[k] = v[i + k] > m[k] ? v[i + k] : m[k];                     \
+        ACC *const e_out = lg ? NULL : SAME ? (ACC *)(void *)y : n <= ROW_KEEP ? keep_row : NULL;             \
+        for (int k = 0; k < MAXL; k++) m[k] = -INFINITY;                                                      \
+        for (int k = 0; k < LANES; k++) s[k] = 0;                                                             \
+        int64_t i = 0;                                                                                        \
+        for (; i + MAXL <= n; i += MAXL) {                                                                    \
+            _Pragma("omp simd") for (int k = 0; k < MAXL; k++) {                                              \
+                const ACC v = LOAD(x[i + k]);                                                                 \
+                m[k] = v > m[k] ? v : m[k];                                                                   \
             }                                                                                                 \
-            for (int k = 0; i < len; i++, k++) m[k] = v[i] > m[k] ? v[i] : m[k];                              \
+        }                                                                                                     \
+        for (int k = 0; i < n; i++, k++) {                                                                    \
+            const ACC v = LOAD(x[i]);                                                                         \
+            m[k] = v > m[k] ? v : m[k];                                                                       \
         }                                                                                                     \
         ACC mx = -INFINITY;                                                                                   \
-        for (int k = 0; k < LANES; k++) mx = m[k] > mx ? m[k] : mx;                                           \
-        /* e = e^(x - mx) into y itself (T is ACC), the row buffer, or a block buffer */                      \
-        const int keep = !lg && (SAME || row);                                                                \
-        for (int64_t b0 = 0; b0 < n; b0 += BLOCK) {                                                           \
-            const int64_t len = n - b0 < BLOCK ? n - b0 : BLOCK;                                              \
-            const ACC *v = widen_##SUFFIX(x + b0, len, xb);                                                   \
-            ACC *e = !keep ? eb : SAME ? (ACC *)(void *)(y + b0) : row + b0;                                  \
-            for (int64_t k = 0; k < len; k++) e[k] = v[k] - mx;                                               \
-            EXPB(e, len);                                                                                     \
-            OPSMITH_LANES_ADD(LANES, s, len, j, e[j]);                                                        \
+        for (int k = 0; k < MAXL; k++) mx = m[k] > mx ? m[k] : mx;                                            \
+        /* e = e^(x - mx), summed in lanes; stored where the last pass will read it */                        \
+        if (e_out) {                                                                                          \
+            for (i = 0; i + LANES <= n; i += LANES) {                                                         \
+                _Pragma("omp simd") for (int k = 0; k < LANES; k++) {                                         \
+                    const ACC e = EXP(LOAD(x[i + k]) - mx);                                                   \
+                    e_out[i + k] = e;                                                                         \
+                    s[k] += e;                                                                                \
+                }                                                                                             \
+            }                                                                                                 \
+            for (int k = 0; i < n; i++, k++) {                                                                \
+                const ACC e = EXP(LOAD(x[i]) - mx);                                                           \
+                e_out[i] = e;                                                                                 \
+                s[k] += e;                                                                                    \
+            }                                                                                                 \
+        } else {                                                                                              \
+            for (i = 0; i + LANES <= n; i += LANES) {                                                         \
+                _Pragma("omp simd") for (int k = 0; k < LANES; k++) s[k] += EXP(LOAD(x[i + k]) - mx);         \
+            }                                                                                                 \
+            for (int k = 0; i < n; i++, k++) s[k] += EXP(LOAD(x[i]) - mx);                                    \
         }                                                                                                     \
-        ACC total = 0;                                                                                        \
-        for (int k = 0; k < LANES; k++) total += s[k];                                                        \
+        for (int w = LANES / 2; w > 0; w /= 2)                                                                \
+            for (int k = 0; k < w; k++) s[k] += s[k + w];                                                     \
+        const ACC total = s[0];                                                                               \
         if (lg) {                                                                                             \
             const ACC lse = mx + LOG(total);                                                                  \
-            for (int64_t i = 0; i < n; i++) y[i] = STORE(LOAD(x[i]) - lse);                                   \
+            _Pragma("omp simd") for (int64_t j = 0; j < n; j++) y[j] = STORE(LOAD(x[j]) - lse);               \
             return;                                                                                           \
         }                                                                                                     \
         const ACC inv = (ACC)1 / total;                                                                       \
-        if (SAME) {                                                                                           \
-            ACC *e = (ACC *)(void *)y;                                                                        \
-            for (int64_t i = 0; i < n; i++) e[i] *= inv;                                                      \
-        } else if (row) {                                                                                     \
-            for (int64_t i = 0; i < n; i++) y[i] = STORE(row[i] * inv);                                       \
+        if (e_out) {                                                                                          \
+            _Pragma("omp simd") for (int64_t j = 0; j < n; j++) y[j] = STORE(e_out[j] * inv);                 \
         } else {                                                                                              \
-            for (int64_t b0 = 0; b0 < n; b0 += BLOCK) {                                                       \
-                const int64_t len = n - b0 < BLOCK ? n - b0 : BLOCK;                                          \
-                const ACC *v = widen_##SUFFIX(x + b0, len, xb);                                               \
-                for (int64_t k = 0; k < len; k++) eb[k] = v[k] - mx;                                          \
-                EXPB(eb, len);                                                                                \
-                for (int64_t k = 0; k < len; k++) y[b0 + k] = STORE(eb[k] * inv);                             \
-            }                                                                                                 \
+            _Pragma("omp simd") for (int64_t j = 0; j < n; j++) y[j] = STORE(EXP(LOAD(x[j]) - mx) * inv);     \
         }                                                                                                     \
     }                                                                                                         \
                                                                                                               \
-    OPSMITH_CPU_CLONES static void bwd_row_##SUFFIX(int64_t n, const T *g, const T *y, int lg, T *dx) {       \
-        ACC s[LANES], gb[BLOCK], yb[BLOCK], eb[BLOCK];                                                        \
+    SOFTMAX_CLONES static void bwd_row_##SUFFIX(int64_t n, const T *g, const T *y, int lg, T *dx) {       \
+        ACC s[LANES];                                                                                         \
         for (int k = 0; k < LANES; k++) s[k] = 0;                                                             \
-        for (int64_t b0 = 0; b0 < n; b0 += BLOCK) {                                                           \
-            const int64_t len = n - b0 < BLOCK ? n - b0 : BLOCK;                                              \
-            const ACC *gv = widen_##SUFFIX(g + b0, len, gb);                                                  \
-            if (lg) {                                                                                         \
-                OPSMITH_LANES_ADD(LANES, s, len, j, gv[j]);                                                   \
-            } else {                                                                                          \
-                const ACC *yv = widen_##SUFFIX(y + b0, len, yb);                                              \
-                OPSMITH_LANES_ADD(LANES, s, len, j, gv[j] * yv[j]);                                           \
+        int64_t i = 0;                                                                                        \
+        if (lg) {                                                                                             \
+            for (; i + LANES <= n; i += LANES) {                                                              \
+                _Pragma("omp simd") for (int k = 0; k < LANES; k++) s[k] += LOAD(g[i + k]);                   \
             }                                                                                                 \
+            for (int k = 0; i < n; i++, k++) s[k] += LOAD(g[i]);                                              \
+        } else {                                                                                              \
+            for (; i + LANES <= n; i += LANES) {                                                              \
+                _Pragma("omp simd") for (int k = 0; k < LANES; k++) s[k] += LOAD(g[i + k]) * LOAD(y[i + k]);  \
+            }                                                                                                 \
+            for (int k = 0; i < n; i++, k++) s[k] += LOAD(g[i]) * LOAD(y[i]);                                 \
         }                                                                                                     \
-        ACC total = 0;                                                                                        \
-        for (int k = 0; k < LANES; k++) total += s[k];                                                        \
-        for (int64_t b0 = 0; b0 < n; b0 += BLOCK) {                                                           \
-            const int64_t len = n - b0 < BLOCK ? n - b0 : BLOCK;                                              \
-            const ACC *gv = widen_##SUFFIX(g + b0, len, gb);                                                  \
-            const ACC *yv = widen_##SUFFIX(y + b0, len, yb);                                                  \
-            /* the whole block is computed into eb before dx is written: dx may be dy or y */                 \
-            if (lg) {                                                                                         \
-                for (int64_t k = 0; k < len; k++) eb[k] = yv[k];                                              \
-                EXPB(eb, len);                                                                                \
-                for (int64_t k = 0; k < len; k++) eb[k] = gv[k] - eb[k] * total;                              \
-            } else {                                                                                          \
-                for (int64_t k = 0; k < len; k++) eb[k] = yv[k] * (gv[k] - total);                            \
-            }                                                                                                 \
-            for (int64_t k = 0; k < len; k++) dx[b0 + k] = STORE(eb[k]);                                      \
+        for (int w = LANES / 2; w > 0; w /= 2)                                                                \
+            for (int k = 0; k < w; k++) s[k] += s[k + w];                                                     \
+        const ACC total = s[0];                                                                               \
+        /* dx may be dy: each element is read before its own dx is written */                                 \
+        if (lg) {                                                                                             \
+            _Pragma("omp simd") for (int64_t j = 0; j < n; j++) dx[j] =                                       \
+                STORE(LOAD(g[j]) - EXPA(LOAD(y[j])) * total);                                                 \
+        } else {                                                                                              \
+            _Pragma("omp simd") for (int64_t j = 0; j < n; j++) dx[j] = STORE(LOAD(y[j]) * (LOAD(g[j]) - total)); \
         }                                                                                                     \
     }                                                                                                         \
                                                                                                               \
     static void fwd_##SUFFIX(int64_t rows, int64_t n, const T *x, int64_t xs, int lg, T *y, int64_t ys,       \
                              int threads) {                                                                   \
-        _Pragma("omp parallel for schedule(static) num_threads(threads) if(rows > 1 && rows * n > SERIAL)")   \
-        for (int64_t r = 0; r < rows; r++) fwd_row_##SUFFIX(n, x + r * xs, lg, y + r * ys);             \
+        _Pragma("omp parallel for schedule(static) num_threads(threads) if(threads > 1 && rows > 1 && rows * n > SERIAL)") \
+        for (int64_t r = 0; r < rows; r++) fwd_row_##SUFFIX(n, x + r * xs, lg, y + r * ys);                   \
     }                                                                                                         \
                                                                                                               \
     static void bwd_##SUFFIX(int64_t rows, int64_t n, const T *g, int64_t gs, const T *y, int64_t ys, int lg, \
                              T *dx, int64_t dxs, int threads) {                                               \
-        _Pragma("omp parallel for schedule(static) num_threads(threads) if(rows > 1 && rows * n > SERIAL)")   \
+        _Pragma("omp parallel for schedule(static) num_threads(threads) if(threads > 1 && rows > 1 && rows * n > SERIAL)") \
         for (int64_t r = 0; r < rows; r++) bwd_row_##SUFFIX(n, g + r * gs, y + r * ys, lg, dx + r * dxs);     \
     }
 
-DEFINE_SOFTMAX(f64, double, double, LOAD_F64, STORE_F64, exp_block_f64, log, 1)
-DEFINE_SOFTMAX(f32, float, float, LOAD_F32, STORE_F32, opsmith_exp_block_f32, logf, 1)
-DEFINE_SOFTMAX(f16, uint16_t, float, LOAD_F16, STORE_F16, opsmith_exp_block_f32, logf, 0)
-DEFINE_SOFTMAX(bf16, uint16_t, float, LOAD_BF16, STORE_BF16, opsmith_exp_block_f32, logf, 0)
+DEFINE_SOFTMAX(f64, double, double, LOAD_F64, STORE_F64, exp_f64, exp_f64, log, 1)
+DEFINE_SOFTMAX(f32, float, float, LOAD_F32, STORE_F32, exp_nonpos_f32, opsmith_exp_f32, logf, 1)
+DEFINE_SOFTMAX(f16, uint16_t, float, LOADV_F16, STOREV_F16, exp_nonpos_f32, opsmith_exp_f32, logf, 0)
+DEFINE_SOFTMAX(bf16, uint16_t, float, LOAD_BF16, STORE_BF16, exp_nonpos_f32, opsmith_exp_f32, logf, 0)
 
 opsmith_status opsmith_softmax_fwd_cpu(opsmith_dtype dtype, int64_t rows, int64_t n, const void *x,
                                        int64_t x_row_stride, int log, void *y, int64_t y_row_stride) {
