@@ -178,6 +178,165 @@ DEFINE_SOFTMAX(f32, float, float, LOAD_F32, STORE_F32, exp_nonpos_f32, opsmith_e
 DEFINE_SOFTMAX(f16, uint16_t, float, LOADV_F16, STOREV_F16, exp_nonpos_f32, opsmith_exp_f32, logf, 0)
 DEFINE_SOFTMAX(bf16, uint16_t, float, LOAD_BF16, STORE_BF16, exp_nonpos_f32, opsmith_exp_f32, logf, 0)
 
+/* f16 on a CPU with F16C: the conversions in hardware, 8 at a time, out of
+ * line (convert_block.h), so the row goes through float buffers: the forward
+ * widens the row (up to ROW_KEEP) into one, runs float's row worker in place
+ * and narrows the result; the backward widens dy and y block by block. The
+ * same bits as the inline path (the same lanes, the same rounding). */
+#if OPSMITH_HAVE_F16C_PATH
+#define F16_BLOCK 1024 /* a multiple of LANES: element i still sums into lane i % LANES */
+
+/* the forward's three passes over blocks of the row widened into an L1 buffer;
+ * e^(x - max) kept in a float row buffer for rows up to ROW_KEEP, else
+ * computed again */
+SOFTMAX_CLONES static void fwd_row_f16_buf(int64_t n, const uint16_t *x, int lg, uint16_t *y) {
+    float xb[F16_BLOCK], m[MAXL], s[LANES];
+    float keep_row[ROW_KEEP];
+    float *const row = !lg && n <= ROW_KEEP ? keep_row : NULL;
+    for (int k = 0; k < MAXL; k++) m[k] = -INFINITY;
+    for (int k = 0; k < LANES; k++) s[k] = 0;
+    for (int64_t b0 = 0; b0 < n; b0 += F16_BLOCK) {
+        const int64_t len = n - b0 < F16_BLOCK ? n - b0 : F16_BLOCK;
+        opsmith_widen_f16_f16c(x + b0, len, xb);
+        int64_t j = 0;
+        for (; j + MAXL <= len; j += MAXL) {
+#pragma omp simd
+            for (int k = 0; k < MAXL; k++) m[k] = xb[j + k] > m[k] ? xb[j + k] : m[k];
+        }
+        for (int k = 0; j < len; j++, k++) m[k] = xb[j] > m[k] ? xb[j] : m[k];
+    }
+    float mx = -INFINITY;
+    for (int k = 0; k < MAXL; k++) mx = m[k] > mx ? m[k] : mx;
+    for (int64_t b0 = 0; b0 < n; b0 += F16_BLOCK) {
+        const int64_t len = n - b0 < F16_BLOCK ? n - b0 : F16_BLOCK;
+        opsmith_widen_f16_f16c(x + b0, len, xb);
+        float *const e = row ? row + b0 : xb;
+        int64_t j = 0;
+        for (; j + LANES <= len; j += LANES) {
+#pragma omp simd
+            for (int k = 0; k < LANES; k++) {
+                const float v = exp_nonpos_f32(xb[j + k] - mx);
+                e[j + k] = v;
+                s[k] += v;
+            }
+        }
+        for (int k = 0; j < len; j++, k++) {
+            const float v = exp_nonpos_f32(xb[j] - mx);
+            e[j] = v;
+            s[k] += v;
+        }
+    }
+    for (int w = LANES / 2; w > 0; w /= 2)
+        for (int k = 0; k < w; k++) s[k] += s[k + w];
+    const float total = s[0], lse = mx + logf(total), inv = 1.0f / total;
+    for (int64_t b0 = 0; b0 < n; b0 += F16_BLOCK) {
+        const int64_t len = n - b0 < F16_BLOCK ? n - b0 : F16_BLOCK;
+        if (row) {
+#pragma omp simd
+            for (int64_t j = 0; j < len; j++) xb[j] = row[b0 + j] * inv;
+        } else {
+            opsmith_widen_f16_f16c(x + b0, len, xb);
+            if (lg) {
+#pragma omp simd
+                for (int64_t j = 0; j < len; j++) xb[j] = xb[j] - lse;
+            } else {
+#pragma omp simd
+                for (int64_t j = 0; j < len; j++) xb[j] = exp_nonpos_f32(xb[j] - mx) * inv;
+            }
+        }
+        opsmith_narrow_f16_f16c(xb, len, y + b0); /* y may be x: this block of x is read */
+    }
+}
+
+SOFTMAX_CLONES static void bwd_row_f16_buf(int64_t n, const uint16_t *g, const uint16_t *y, int lg, uint16_t *dx) {
+    float gb[F16_BLOCK], yb[F16_BLOCK], s[LANES];
+    for (int k = 0; k < LANES; k++) s[k] = 0;
+    for (int64_t b0 = 0; b0 < n; b0 += F16_BLOCK) {
+        const int64_t len = n - b0 < F16_BLOCK ? n - b0 : F16_BLOCK;
+        opsmith_widen_f16_f16c(g + b0, len, gb);
+        if (lg) {
+            OPSMITH_LANES_ADD(LANES, s, len, j, gb[j]);
+        } else {
+            opsmith_widen_f16_f16c(y + b0, len, yb);
+            OPSMITH_LANES_ADD(LANES, s, len, j, gb[j] * yb[j]);
+        }
+    }
+    for (int w = LANES / 2; w > 0; w /= 2)
+        for (int k = 0; k < w; k++) s[k] += s[k + w];
+    const float total = s[0];
+    for (int64_t b0 = 0; b0 < n; b0 += F16_BLOCK) {
+        const int64_t len = n - b0 < F16_BLOCK ? n - b0 : F16_BLOCK;
+        opsmith_widen_f16_f16c(g + b0, len, gb);
+        opsmith_widen_f16_f16c(y + b0, len, yb);
+        if (lg) {
+            for (int64_t j = 0; j < len; j++) gb[j] = gb[j] - opsmith_exp_f32(yb[j]) * total;
+        } else {
+            for (int64_t j = 0; j < len; j++) gb[j] = yb[j] * (gb[j] - total);
+        }
+        opsmith_narrow_f16_f16c(gb, len, dx + b0); /* dx may be dy: this block of dy is read */
+    }
+}
+
+/* softmax's backward, conversions inline: 8 elements a step in four
+ * accumulators (the 32 lanes of the other paths: element i into lane i % 32,
+ * a multiply then an add, so the same bits) */
+__attribute__((target("avx2,f16c"))) static void bwd_row_f16_f16c(int64_t n, const uint16_t *g, const uint16_t *y,
+                                                                  uint16_t *dx) {
+#define F16X8(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(p)))
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    int64_t i = 0;
+    for (; i + LANES <= n; i += LANES) {
+        a0 = _mm256_add_ps(a0, _mm256_mul_ps(F16X8(g + i), F16X8(y + i)));
+        a1 = _mm256_add_ps(a1, _mm256_mul_ps(F16X8(g + i + 8), F16X8(y + i + 8)));
+        a2 = _mm256_add_ps(a2, _mm256_mul_ps(F16X8(g + i + 16), F16X8(y + i + 16)));
+        a3 = _mm256_add_ps(a3, _mm256_mul_ps(F16X8(g + i + 24), F16X8(y + i + 24)));
+    }
+    float s[LANES];
+    _mm256_storeu_ps(s, a0);
+    _mm256_storeu_ps(s + 8, a1);
+    _mm256_storeu_ps(s + 16, a2);
+    _mm256_storeu_ps(s + 24, a3);
+    for (int k = 0; i < n; i++, k++) s[k] += _cvtsh_ss(g[i]) * _cvtsh_ss(y[i]);
+    for (int w = LANES / 2; w > 0; w /= 2)
+        for (int k = 0; k < w; k++) s[k] += s[k + w];
+    const __m256 t = _mm256_set1_ps(s[0]);
+    const int rn = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    /* dx may be dy: each step reads its dy before it writes */
+    for (i = 0; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(void *)(dx + i),
+                         _mm256_cvtps_ph(_mm256_mul_ps(F16X8(y + i), _mm256_sub_ps(F16X8(g + i), t)), rn));
+    for (; i < n; i++) dx[i] = _cvtss_sh(_cvtsh_ss(y[i]) * (_cvtsh_ss(g[i]) - s[0]), rn);
+#undef F16X8
+}
+#endif
+
+static void fwd_f16_any(int64_t rows, int64_t n, const uint16_t *x, int64_t xs, int lg, uint16_t *y, int64_t ys,
+                        int threads) {
+#if OPSMITH_HAVE_F16C_PATH
+    if (opsmith_cpu_has_f16c()) {
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && rows > 1 && rows * n > SERIAL)
+        for (int64_t r = 0; r < rows; r++) fwd_row_f16_buf(n, x + r * xs, lg, y + r * ys);
+        return;
+    }
+#endif
+    fwd_f16(rows, n, x, xs, lg, y, ys, threads);
+}
+
+static void bwd_f16_any(int64_t rows, int64_t n, const uint16_t *g, int64_t gs, const uint16_t *y, int64_t ys,
+                        int lg, uint16_t *dx, int64_t dxs, int threads) {
+#if OPSMITH_HAVE_F16C_PATH
+    if (opsmith_cpu_has_f16c()) {
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && rows > 1 && rows * n > SERIAL)
+        for (int64_t r = 0; r < rows; r++) {
+            if (lg) bwd_row_f16_buf(n, g + r * gs, y + r * ys, lg, dx + r * dxs);
+            else bwd_row_f16_f16c(n, g + r * gs, y + r * ys, dx + r * dxs);
+        }
+        return;
+    }
+#endif
+    bwd_f16(rows, n, g, gs, y, ys, lg, dx, dxs, threads);
+}
+
 opsmith_status opsmith_softmax_fwd_cpu(opsmith_dtype dtype, int64_t rows, int64_t n, const void *x,
                                        int64_t x_row_stride, int log, void *y, int64_t y_row_stride) {
     opsmith_status s = opsmith_internal_softmax_check("softmax_fwd_cpu", dtype, rows, n, x, x_row_stride, 0, NULL, 0,
@@ -187,7 +346,7 @@ opsmith_status opsmith_softmax_fwd_cpu(opsmith_dtype dtype, int64_t rows, int64_
     switch (dtype) {
     case OPSMITH_DTYPE_F64: fwd_f64(rows, n, x, x_row_stride, lg, y, y_row_stride, t); break;
     case OPSMITH_DTYPE_F32: fwd_f32(rows, n, x, x_row_stride, lg, y, y_row_stride, t); break;
-    case OPSMITH_DTYPE_F16: fwd_f16(rows, n, x, x_row_stride, lg, y, y_row_stride, t); break;
+    case OPSMITH_DTYPE_F16: fwd_f16_any(rows, n, x, x_row_stride, lg, y, y_row_stride, t); break;
     case OPSMITH_DTYPE_BF16: fwd_bf16(rows, n, x, x_row_stride, lg, y, y_row_stride, t); break;
     default: return OPSMITH_STATUS_UNSUPPORTED_DTYPE;
     }
@@ -205,7 +364,7 @@ opsmith_status opsmith_softmax_bwd_cpu(opsmith_dtype dtype, int64_t rows, int64_
     switch (dtype) {
     case OPSMITH_DTYPE_F64: bwd_f64(rows, n, dy, gs, y, ys, lg, dx, ds, t); break;
     case OPSMITH_DTYPE_F32: bwd_f32(rows, n, dy, gs, y, ys, lg, dx, ds, t); break;
-    case OPSMITH_DTYPE_F16: bwd_f16(rows, n, dy, gs, y, ys, lg, dx, ds, t); break;
+    case OPSMITH_DTYPE_F16: bwd_f16_any(rows, n, dy, gs, y, ys, lg, dx, ds, t); break;
     case OPSMITH_DTYPE_BF16: bwd_bf16(rows, n, dy, gs, y, ys, lg, dx, ds, t); break;
     default: return OPSMITH_STATUS_UNSUPPORTED_DTYPE;
     }
