@@ -186,27 +186,49 @@ DEFINE_SOFTMAX(bf16, uint16_t, float, LOAD_BF16, STORE_BF16, exp_nonpos_f32, ops
 #if OPSMITH_HAVE_F16C_PATH
 #define F16_BLOCK 1024 /* a multiple of LANES: element i still sums into lane i % LANES */
 
+/* the max of x[0, n) (NaN ignored, as in the other paths: max_ps returns its
+ * second operand when one is NaN), the conversions inline */
+__attribute__((target("avx2,f16c"))) static float max_f16_f16c(const uint16_t *x, int64_t n) {
+#define F16X8(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(p)))
+    __m256 m0 = _mm256_set1_ps(-INFINITY), m1 = m0, m2 = m0, m3 = m0;
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        m0 = _mm256_max_ps(F16X8(x + i), m0);
+        m1 = _mm256_max_ps(F16X8(x + i + 8), m1);
+        m2 = _mm256_max_ps(F16X8(x + i + 16), m2);
+        m3 = _mm256_max_ps(F16X8(x + i + 24), m3);
+    }
+#undef F16X8
+    float m[8], mx = -INFINITY;
+    _mm256_storeu_ps(m, _mm256_max_ps(_mm256_max_ps(m0, m1), _mm256_max_ps(m2, m3)));
+    for (int k = 0; k < 8; k++) mx = m[k] > mx ? m[k] : mx;
+    for (; i < n; i++) {
+        const float v = _cvtsh_ss(x[i]);
+        mx = v > mx ? v : mx;
+    }
+    return mx;
+}
+
+/* y = f16(row * inv), the scale fused with the narrowing */
+__attribute__((target("avx2,f16c"))) static void scale_narrow_f16c(const float *row, float inv, int64_t n,
+                                                                   uint16_t *y) {
+    const __m256 s = _mm256_set1_ps(inv);
+    const int rn = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(void *)(y + i), _mm256_cvtps_ph(_mm256_mul_ps(_mm256_loadu_ps(row + i), s), rn));
+    for (; i < n; i++) y[i] = _cvtss_sh(row[i] * inv, rn);
+}
+
 /* the forward's three passes over blocks of the row widened into an L1 buffer;
  * e^(x - max) kept in a float row buffer for rows up to ROW_KEEP, else
  * computed again */
 SOFTMAX_CLONES static void fwd_row_f16_buf(int64_t n, const uint16_t *x, int lg, uint16_t *y) {
-    float xb[F16_BLOCK], m[MAXL], s[LANES];
+    float xb[F16_BLOCK], s[LANES];
     float keep_row[ROW_KEEP];
     float *const row = !lg && n <= ROW_KEEP ? keep_row : NULL;
-    for (int k = 0; k < MAXL; k++) m[k] = -INFINITY;
     for (int k = 0; k < LANES; k++) s[k] = 0;
-    for (int64_t b0 = 0; b0 < n; b0 += F16_BLOCK) {
-        const int64_t len = n - b0 < F16_BLOCK ? n - b0 : F16_BLOCK;
-        opsmith_widen_f16_f16c(x + b0, len, xb);
-        int64_t j = 0;
-        for (; j + MAXL <= len; j += MAXL) {
-#pragma omp simd
-            for (int k = 0; k < MAXL; k++) m[k] = xb[j + k] > m[k] ? xb[j + k] : m[k];
-        }
-        for (int k = 0; j < len; j++, k++) m[k] = xb[j] > m[k] ? xb[j] : m[k];
-    }
-    float mx = -INFINITY;
-    for (int k = 0; k < MAXL; k++) mx = m[k] > mx ? m[k] : mx;
+    const float mx = max_f16_f16c(x, n);
     for (int64_t b0 = 0; b0 < n; b0 += F16_BLOCK) {
         const int64_t len = n - b0 < F16_BLOCK ? n - b0 : F16_BLOCK;
         opsmith_widen_f16_f16c(x + b0, len, xb);
@@ -229,20 +251,19 @@ SOFTMAX_CLONES static void fwd_row_f16_buf(int64_t n, const uint16_t *x, int lg,
     for (int w = LANES / 2; w > 0; w /= 2)
         for (int k = 0; k < w; k++) s[k] += s[k + w];
     const float total = s[0], lse = mx + logf(total), inv = 1.0f / total;
+    if (row) {
+        scale_narrow_f16c(row, inv, n, y);
+        return;
+    }
     for (int64_t b0 = 0; b0 < n; b0 += F16_BLOCK) {
         const int64_t len = n - b0 < F16_BLOCK ? n - b0 : F16_BLOCK;
-        if (row) {
+        opsmith_widen_f16_f16c(x + b0, len, xb);
+        if (lg) {
 #pragma omp simd
-            for (int64_t j = 0; j < len; j++) xb[j] = row[b0 + j] * inv;
+            for (int64_t j = 0; j < len; j++) xb[j] = xb[j] - lse;
         } else {
-            opsmith_widen_f16_f16c(x + b0, len, xb);
-            if (lg) {
 #pragma omp simd
-                for (int64_t j = 0; j < len; j++) xb[j] = xb[j] - lse;
-            } else {
-#pragma omp simd
-                for (int64_t j = 0; j < len; j++) xb[j] = exp_nonpos_f32(xb[j] - mx) * inv;
-            }
+            for (int64_t j = 0; j < len; j++) xb[j] = exp_nonpos_f32(xb[j] - mx) * inv;
         }
         opsmith_narrow_f16_f16c(xb, len, y + b0); /* y may be x: this block of x is read */
     }
@@ -308,7 +329,67 @@ __attribute__((target("avx2,f16c"))) static void bwd_row_f16_f16c(int64_t n, con
     for (; i < n; i++) dx[i] = _cvtss_sh(_cvtsh_ss(y[i]) * (_cvtsh_ss(g[i]) - s[0]), rn);
 #undef F16X8
 }
+
+/* bf16's backward the same way under AVX2: widening is a shift, narrowing
+ * convert.h's rounding (to nearest even, NaN quietened) on 8 lanes */
+__attribute__((target("avx2"))) static inline __m256 bf16x8(const uint16_t *p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)p)), 16));
+}
+
+__attribute__((target("avx2"))) static inline void store_bf16x8(uint16_t *p, __m256 v) {
+    const __m256i u = _mm256_castps_si256(v), hi = _mm256_srli_epi32(u, 16);
+    const __m256i rounded =
+        _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)),
+                                           _mm256_and_si256(hi, _mm256_set1_epi32(1))), 16);
+    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
+                                           _mm256_set1_epi32(0x7f800000));
+    const __m256i o = _mm256_blendv_epi8(rounded, _mm256_or_si256(hi, _mm256_set1_epi32(0x40)), nan);
+    /* 8 values below 2^16 to 8 uint16: packed within each 128-bit half, halves joined */
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(o, o), 0x08);
+    _mm_storeu_si128((__m128i *)(void *)p, _mm256_castsi256_si128(packed));
+}
+
+__attribute__((target("avx2"))) static void bwd_row_bf16_avx2(int64_t n, const uint16_t *g, const uint16_t *y,
+                                                              uint16_t *dx) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    int64_t i = 0;
+    for (; i + LANES <= n; i += LANES) {
+        a0 = _mm256_add_ps(a0, _mm256_mul_ps(bf16x8(g + i), bf16x8(y + i)));
+        a1 = _mm256_add_ps(a1, _mm256_mul_ps(bf16x8(g + i + 8), bf16x8(y + i + 8)));
+        a2 = _mm256_add_ps(a2, _mm256_mul_ps(bf16x8(g + i + 16), bf16x8(y + i + 16)));
+        a3 = _mm256_add_ps(a3, _mm256_mul_ps(bf16x8(g + i + 24), bf16x8(y + i + 24)));
+    }
+    float s[LANES];
+    _mm256_storeu_ps(s, a0);
+    _mm256_storeu_ps(s + 8, a1);
+    _mm256_storeu_ps(s + 16, a2);
+    _mm256_storeu_ps(s + 24, a3);
+    for (int k = 0; i < n; i++, k++) s[k] += opsmith_bf16_to_f32(g[i]) * opsmith_bf16_to_f32(y[i]);
+    for (int w = LANES / 2; w > 0; w /= 2)
+        for (int k = 0; k < w; k++) s[k] += s[k + w];
+    const __m256 t = _mm256_set1_ps(s[0]);
+    for (i = 0; i + 8 <= n; i += 8) store_bf16x8(dx + i, _mm256_mul_ps(bf16x8(y + i), _mm256_sub_ps(bf16x8(g + i), t)));
+    for (; i < n; i++) dx[i] = opsmith_f32_to_bf16(opsmith_bf16_to_f32(y[i]) * (opsmith_bf16_to_f32(g[i]) - s[0]));
+}
+
+static int cpu_has_avx2(void) {
+    static int has = -1; /* a benign race: every thread computes the same value */
+    if (has < 0) has = __builtin_cpu_supports("avx2");
+    return has;
+}
 #endif
+
+static void bwd_bf16_any(int64_t rows, int64_t n, const uint16_t *g, int64_t gs, const uint16_t *y, int64_t ys,
+                         int lg, uint16_t *dx, int64_t dxs, int threads) {
+#if OPSMITH_HAVE_F16C_PATH
+    if (!lg && cpu_has_avx2()) {
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && rows > 1 && rows * n > SERIAL)
+        for (int64_t r = 0; r < rows; r++) bwd_row_bf16_avx2(n, g + r * gs, y + r * ys, dx + r * dxs);
+        return;
+    }
+#endif
+    bwd_bf16(rows, n, g, gs, y, ys, lg, dx, dxs, threads);
+}
 
 static void fwd_f16_any(int64_t rows, int64_t n, const uint16_t *x, int64_t xs, int lg, uint16_t *y, int64_t ys,
                         int threads) {
@@ -365,7 +446,7 @@ opsmith_status opsmith_softmax_bwd_cpu(opsmith_dtype dtype, int64_t rows, int64_
     case OPSMITH_DTYPE_F64: bwd_f64(rows, n, dy, gs, y, ys, lg, dx, ds, t); break;
     case OPSMITH_DTYPE_F32: bwd_f32(rows, n, dy, gs, y, ys, lg, dx, ds, t); break;
     case OPSMITH_DTYPE_F16: bwd_f16_any(rows, n, dy, gs, y, ys, lg, dx, ds, t); break;
-    case OPSMITH_DTYPE_BF16: bwd_bf16(rows, n, dy, gs, y, ys, lg, dx, ds, t); break;
+    case OPSMITH_DTYPE_BF16: bwd_bf16_any(rows, n, dy, gs, y, ys, lg, dx, ds, t); break;
     default: return OPSMITH_STATUS_UNSUPPORTED_DTYPE;
     }
     return OPSMITH_STATUS_SUCCESS;
