@@ -330,45 +330,62 @@ __attribute__((target("avx2,f16c"))) static void bwd_row_f16_f16c(int64_t n, con
 #undef F16X8
 }
 
-/* bf16's backward the same way under AVX2: widening is a shift, narrowing
- * convert.h's rounding (to nearest even, NaN quietened) on 8 lanes */
-__attribute__((target("avx2"))) static inline __m256 bf16x8(const uint16_t *p) {
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)p)), 16));
-}
-
-__attribute__((target("avx2"))) static inline void store_bf16x8(uint16_t *p, __m256 v) {
-    const __m256i u = _mm256_castps_si256(v), hi = _mm256_srli_epi32(u, 16);
-    const __m256i rounded =
-        _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)),
-                                           _mm256_and_si256(hi, _mm256_set1_epi32(1))), 16);
-    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
-                                           _mm256_set1_epi32(0x7f800000));
-    const __m256i o = _mm256_blendv_epi8(rounded, _mm256_or_si256(hi, _mm256_set1_epi32(0x40)), nan);
-    /* 8 values below 2^16 to 8 uint16: packed within each 128-bit half, halves joined */
-    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(o, o), 0x08);
-    _mm_storeu_si128((__m128i *)(void *)p, _mm256_castsi256_si128(packed));
-}
-
+/* bf16's backward the same way under AVX2: widening is a shift or a mask,
+ * narrowing convert.h's rounding, on the 32-bit pairs that hold two elements */
 __attribute__((target("avx2"))) static void bwd_row_bf16_avx2(int64_t n, const uint16_t *g, const uint16_t *y,
                                                               uint16_t *dx) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    /* elements as pairs (see the write below): a[0] holds the even elements of
+     * each 32, a[1] the odd, a[2], a[3] those of the second 16; each
+     * accumulator lane still sums the elements of one lane i % 32, in order */
+    const __m256i top = _mm256_set1_epi32((int)0xffff0000u);
+    __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     int64_t i = 0;
     for (; i + LANES <= n; i += LANES) {
-        a0 = _mm256_add_ps(a0, _mm256_mul_ps(bf16x8(g + i), bf16x8(y + i)));
-        a1 = _mm256_add_ps(a1, _mm256_mul_ps(bf16x8(g + i + 8), bf16x8(y + i + 8)));
-        a2 = _mm256_add_ps(a2, _mm256_mul_ps(bf16x8(g + i + 16), bf16x8(y + i + 16)));
-        a3 = _mm256_add_ps(a3, _mm256_mul_ps(bf16x8(g + i + 24), bf16x8(y + i + 24)));
+        for (int h = 0; h < 2; h++) {
+            const __m256i gp = _mm256_loadu_si256((const __m256i *)(const void *)(g + i + 16 * h));
+            const __m256i yp = _mm256_loadu_si256((const __m256i *)(const void *)(y + i + 16 * h));
+            a[2 * h] = _mm256_add_ps(a[2 * h], _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(gp, 16)),
+                                                             _mm256_castsi256_ps(_mm256_slli_epi32(yp, 16))));
+            a[2 * h + 1] = _mm256_add_ps(a[2 * h + 1], _mm256_mul_ps(_mm256_castsi256_ps(_mm256_and_si256(gp, top)),
+                                                                     _mm256_castsi256_ps(_mm256_and_si256(yp, top))));
+        }
     }
-    float s[LANES];
-    _mm256_storeu_ps(s, a0);
-    _mm256_storeu_ps(s + 8, a1);
-    _mm256_storeu_ps(s + 16, a2);
-    _mm256_storeu_ps(s + 24, a3);
+    float s[LANES], part[LANES];
+    for (int q = 0; q < 4; q++) _mm256_storeu_ps(part + 8 * q, a[q]);
+    for (int h = 0; h < 2; h++)
+        for (int j = 0; j < 8; j++) {
+            s[16 * h + 2 * j] = part[16 * h + j];
+            s[16 * h + 2 * j + 1] = part[16 * h + 8 + j];
+        }
     for (int k = 0; i < n; i++, k++) s[k] += opsmith_bf16_to_f32(g[i]) * opsmith_bf16_to_f32(y[i]);
     for (int w = LANES / 2; w > 0; w /= 2)
         for (int k = 0; k < w; k++) s[k] += s[k + w];
+    /* the write 16 elements a step as 8 pairs: a pair's 32 bits hold the odd
+     * element's bf16 bits on top (masked: a float) and the even one's below
+     * (shifted up: a float), so neither widening nor narrowing moves data
+     * across lanes; each result is rounded in place (to nearest even, NaN
+     * quietened: convert.h's rule) and the two halves joined */
     const __m256 t = _mm256_set1_ps(s[0]);
-    for (i = 0; i + 8 <= n; i += 8) store_bf16x8(dx + i, _mm256_mul_ps(bf16x8(y + i), _mm256_sub_ps(bf16x8(g + i), t)));
+    const __m256i bias = _mm256_set1_epi32(0x7fff),
+                  one = _mm256_set1_epi32(0x10000), absm = _mm256_set1_epi32(0x7fffffff),
+                  inf = _mm256_set1_epi32(0x7f800000), quiet = _mm256_set1_epi32(0x00400000);
+    for (i = 0; i + 16 <= n; i += 16) {
+        const __m256i gp = _mm256_loadu_si256((const __m256i *)(const void *)(g + i));
+        const __m256i yp = _mm256_loadu_si256((const __m256i *)(const void *)(y + i));
+        __m256i r[2];
+        for (int h = 0; h < 2; h++) {
+            const __m256 gv = _mm256_castsi256_ps(h ? _mm256_and_si256(gp, top) : _mm256_slli_epi32(gp, 16));
+            const __m256 yv = _mm256_castsi256_ps(h ? _mm256_and_si256(yp, top) : _mm256_slli_epi32(yp, 16));
+            const __m256i u = _mm256_castps_si256(_mm256_mul_ps(yv, _mm256_sub_ps(gv, t)));
+            /* + 0x7fff + the kept lowest bit (bit 16): the top 16 bits are then rounded */
+            const __m256i rounded =
+                _mm256_add_epi32(_mm256_add_epi32(u, bias), _mm256_srli_epi32(_mm256_and_si256(u, one), 16));
+            const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, absm), inf);
+            r[h] = _mm256_blendv_epi8(rounded, _mm256_or_si256(u, quiet), nan);
+        }
+        _mm256_storeu_si256((__m256i *)(void *)(dx + i),
+                            _mm256_or_si256(_mm256_and_si256(r[1], top), _mm256_srli_epi32(r[0], 16)));
+    }
     for (; i < n; i++) dx[i] = opsmith_f32_to_bf16(opsmith_bf16_to_f32(y[i]) * (opsmith_bf16_to_f32(g[i]) - s[0]));
 }
 
