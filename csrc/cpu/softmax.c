@@ -13,7 +13,11 @@
  * then x - lse. Backward: sum(dy * y) (sum(dy) for log_softmax), then the
  * write, each one read of y and dy. Every element is loaded before its own
  * output is stored, so y = x and dx = dy (in place) compute what they would
- * apart. Formulas in include/opsmith/softmax.h. */
+ * apart. Where the CPU has them, two dtypes take hand-vectorized paths (at
+ * the end of the file), since GCC vectorizes neither conversion well: f16
+ * through F16C, softmax's bf16 backward through AVX2 on 32-bit pairs; they
+ * sum in the same lanes and give the same bits as the portable loops.
+ * Formulas in include/opsmith/softmax.h. */
 #include <math.h>
 #include <stdint.h>
 
@@ -33,7 +37,9 @@
 /* Row workers compiled for AVX-512 with BW, AVX2 and the baseline (cpu_rows.h's
  * OPSMITH_CPU_CLONES has plain avx512f: without BW GCC handles 16-bit elements
  * in 256-bit registers, and without VL those are 16, and the exponential's
- * constants spill). The same bits on each: no FMA contraction, fixed lanes. */
+ * constants spill; GCC 12's target_clones does not take avx512bw, and
+ * x86-64-v4 is F, BW, VL and DQ on top of AVX2). The same bits on each: the
+ * library is ISO C (no FMA contraction), and the sums run in fixed lanes. */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define SOFTMAX_CLONES __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
 #else
