@@ -16,13 +16,13 @@ from opsmith.cpu_bench import OURS, baseline_of, measure_pair
 from opsmith.specs import load_specs
 
 SHAPES = {"softmax": [(256, 4096), (256, 32000)], "cross_entropy": [(256, 32000), (64, 128256)]}
-DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
+DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 
 
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--dtypes", nargs="+", default=list(DTYPES))
+    parser.add_argument("--dtypes", nargs="+", default=["f32", "bf16"])
     parser.add_argument("--ops", nargs="+", default=list(SHAPES))
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
