@@ -44,6 +44,28 @@ static inline float opsmith_exp_f32(float x) {
     return p * s1 * s2;
 }
 
+/* e^x for x <= 0 or NaN (x - max in softmax and cross-entropy):
+ * opsmith_exp_f32's reduction and polynomial (the same bits wherever e^x
+ * is a normal float), with 2^k one
+ * factor: x is clamped at -88, where k = -127 and 2^k's bits are 0, so results
+ * below FLT_MIN (2^-126; e^x < 1.2e-38) are 0 instead of subnormal, -inf
+ * gives exactly 0, and no upper clamp is needed. NaN stays NaN. */
+static inline float opsmith_exp_nonpos_f32(float x) {
+    const float c = x < -88.0f ? -88.0f : x;
+    const float t = c * 1.44269504088896341f + 12582912.0f;
+    const float kf = t - 12582912.0f;
+    const float r = (c - kf * 0.693145751953125f) - kf * 1.428606765330187e-06f;
+    float q = 1.381461159e-03f;
+    q = q * r + 8.368710056e-03f;
+    q = q * r + 4.166838899e-02f;
+    q = q * r + 1.666652113e-01f;
+    q = q * r + 4.999999404e-01f;
+    const float p = 1.0f + (r + r * r * q);
+    /* t's low mantissa bits hold k (the 1.5 * 2^23 shifter); shifted up 23 the
+     * shifter's own bits fall off the top: (k + 127) << 23, 0 for k = -127 */
+    return p * opsmith_f32_from_bits((opsmith_f32_bits(t) << 23) + (127u << 23));
+}
+
 /* v[i] = e^v[i] for i in [0, n) */
 static inline void opsmith_exp_block_f32(float *v, int64_t n) {
 #ifdef _OPENMP /* the library is built with OpenMP; a test file including this may not be */

@@ -32,10 +32,10 @@ static inline void exp_block_f64(double *v, int64_t n) {
 }
 
 /* T: storage type; ACC: accumulate type; LOAD/STORE convert one element;
- * EXPB e^v over a block of ACC in place; LOG, TANH in ACC. The row workers
+ * EXPB e^v over a block of ACC in place; EXPN e^v of one v <= 0; LOG, TANH in ACC. The row workers
  * go block by block: a block is widened (and softcapped) into a buffer,
  * then each pass is a plain loop over it that the compiler vectorizes. */
-#define DEFINE_CROSS_ENTROPY(SUFFIX, T, ACC, LOAD, STORE, EXPB, LOG, TANH)                                     \
+#define DEFINE_CROSS_ENTROPY(SUFFIX, T, ACC, LOAD, STORE, EXPB, EXPN, LOG, TANH)                                   \
     /* softcapped logit */                                                                                      \
     static inline ACC cap_##SUFFIX(ACC v, ACC cap, ACC inv_cap) { return cap > 0 ? cap * TANH(v * inv_cap) : v; } \
                                                                                                                 \
@@ -120,7 +120,7 @@ static inline void exp_block_f64(double *v, int64_t n) {
      * loads and exponentials where the general path makes three. coef is     \
      * coef0 + z2 lse (the z-loss term needs lse). Returns lse; *wy as         \
      * row_lse's. d may be x (in place): the row is in the buffer first. */    \
-    OPSMITH_CPU_CLONES static ACC row_small_##SUFFIX(int64_t n, const T *x, int64_t t, ACC cap, const ACC *w,  \
+    OPSMITH_CPU_CLONES_V4 static ACC row_small_##SUFFIX(int64_t n, const T *x, int64_t t, ACC cap, const ACC *w,  \
                                                      ACC *wy, ACC coef0, ACC z2, ACC smooth, ACC target_coef,  \
                                                      ACC scale, T *d) {                                        \
         const ACC inv_cap = cap > 0 ? (ACC)1 / cap : (ACC)0;                                                    \
@@ -141,9 +141,17 @@ static inline void exp_block_f64(double *v, int64_t n) {
         for (int k = 0; k < LANES; k++) mx = m[k] > mx ? m[k] : mx, sum_wy += a[k];                             \
         if (wy) *wy = sum_wy;                                                                                   \
         const ACC base = isfinite(mx) ? mx : (ACC)0;                                                            \
-        for (int64_t k = 0; k < n; k++) e[k] = y[k] - base;                                                     \
-        EXPB(e, n);                                                                                             \
-        OPSMITH_LANES_ADD(LANES, s, n, j, e[j]);                                                                \
+        /* e and its lane sums in one loop (the lanes of OPSMITH_LANES_ADD) */                                  \
+        int64_t j0 = 0;                                                                                         \
+        for (; j0 + LANES <= n; j0 += LANES) {                                                                  \
+            _Pragma("omp simd")                                                                                 \
+            for (int k = 0; k < LANES; k++) {                                                                   \
+                const ACC v = EXPN(y[j0 + k] - base);                                                           \
+                e[j0 + k] = v;                                                                                  \
+                s[k] += v;                                                                                      \
+            }                                                                                                   \
+        }                                                                                                       \
+        for (int k = 0; j0 < n; j0++, k++) s[k] += e[j0] = EXPN(y[j0] - base);                                  \
         ACC total = 0;                                                                                          \
         for (int k = 0; k < LANES; k++) total += s[k];                                                          \
         const ACC lse = base + LOG(total);                                                                      \
@@ -247,10 +255,10 @@ static inline void exp_block_f64(double *v, int64_t n) {
         }                                                                                                       \
     }
 
-DEFINE_CROSS_ENTROPY(f64, double, double, LOAD_F64, STORE_F64, exp_block_f64, log, tanh)
-DEFINE_CROSS_ENTROPY(f32, float, float, LOAD_F32, STORE_F32, opsmith_exp_block_f32, logf, tanhf)
-DEFINE_CROSS_ENTROPY(f16, uint16_t, float, LOAD_F16, STORE_F16, opsmith_exp_block_f32, logf, tanhf)
-DEFINE_CROSS_ENTROPY(bf16, uint16_t, float, LOAD_BF16, STORE_BF16, opsmith_exp_block_f32, logf, tanhf)
+DEFINE_CROSS_ENTROPY(f64, double, double, LOAD_F64, STORE_F64, exp_block_f64, exp, log, tanh)
+DEFINE_CROSS_ENTROPY(f32, float, float, LOAD_F32, STORE_F32, opsmith_exp_block_f32, opsmith_exp_nonpos_f32, logf, tanhf)
+DEFINE_CROSS_ENTROPY(f16, uint16_t, float, LOAD_F16, STORE_F16, opsmith_exp_block_f32, opsmith_exp_nonpos_f32, logf, tanhf)
+DEFINE_CROSS_ENTROPY(bf16, uint16_t, float, LOAD_BF16, STORE_BF16, opsmith_exp_block_f32, opsmith_exp_nonpos_f32, logf, tanhf)
 
 opsmith_status opsmith_cross_entropy_fwd_cpu(opsmith_dtype dtype, int64_t rows, int64_t n, const void *logits,
                                              int64_t logits_row_stride, const int64_t *target, int64_t target_stride,

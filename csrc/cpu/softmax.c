@@ -34,18 +34,6 @@
 #include "cpu_rows.h"
 #include "internal/softmax.h"
 
-/* Row workers compiled for AVX-512 with BW, AVX2 and the baseline (cpu_rows.h's
- * OPSMITH_CPU_CLONES has plain avx512f: without BW GCC handles 16-bit elements
- * in 256-bit registers, and without VL those are 16, and the exponential's
- * constants spill; GCC 12's target_clones does not take avx512bw, and
- * x86-64-v4 is F, BW, VL and DQ on top of AVX2). The same bits on each: the
- * library is ISO C (no FMA contraction), and the sums run in fixed lanes. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define SOFTMAX_CLONES __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
-#else
-#define SOFTMAX_CLONES
-#endif
-
 #define MAXL 64 /* lanes of the max */
 #define LANES 32 /* lanes of the sums: 2 AVX-512 or 4 AVX2 registers of independent adds */
 #define SERIAL 65536
@@ -56,34 +44,13 @@
 #define LOADV_F16(p) opsmith_block_f16_to_f32(p)
 #define STOREV_F16(v) opsmith_block_f32_to_f16(v)
 
-/* e^x for x <= 0 or NaN, the forward's x - max: cpu_exp.h's reduction and
- * polynomial (the same bits wherever e^x is a normal float), with 2^k one
- * factor: x is clamped at -88, where k = -127 and 2^k's bits are 0, so results
- * below FLT_MIN (2^-126; e^x < 1.2e-38) are 0 instead of subnormal, -inf
- * gives exactly 0, and no upper clamp is needed. NaN stays NaN. */
-static inline float exp_nonpos_f32(float x) {
-    const float c = x < -88.0f ? -88.0f : x;
-    const float t = c * 1.44269504088896341f + 12582912.0f;
-    const float kf = t - 12582912.0f;
-    const float r = (c - kf * 0.693145751953125f) - kf * 1.428606765330187e-06f;
-    float q = 1.381461159e-03f;
-    q = q * r + 8.368710056e-03f;
-    q = q * r + 4.166838899e-02f;
-    q = q * r + 1.666652113e-01f;
-    q = q * r + 4.999999404e-01f;
-    const float p = 1.0f + (r + r * r * q);
-    /* t's low mantissa bits hold k (the 1.5 * 2^23 shifter); shifted up 23 the
-     * shifter's own bits fall off the top: (k + 127) << 23, 0 for k = -127 */
-    return p * opsmith_f32_from_bits((opsmith_f32_bits(t) << 23) + (127u << 23));
-}
-
 static inline double exp_f64(double v) { return exp(v); } /* f64 is for checking: libm */
 
 /* T: storage type; ACC: math type; LOAD/STORE convert one element; EXP e^v
  * for v <= 0 (forward), EXPA e^v for any v (log_softmax backward: y is the
  * caller's). SAME: T is ACC (the output can hold e^(x - max) itself). */
 #define DEFINE_SOFTMAX(SUFFIX, T, ACC, LOAD, STORE, EXP, EXPA, LOG, SAME)                                     \
-    SOFTMAX_CLONES static void fwd_row_##SUFFIX(int64_t n, const T *x, int lg, T *y) {                    \
+    OPSMITH_CPU_CLONES_V4 static void fwd_row_##SUFFIX(int64_t n, const T *x, int lg, T *y) {                    \
         ACC m[MAXL], s[LANES];                                                                                \
         /* 16-bit storage: e^(x - max) kept in a float row buffer on the stack when the                       \
          * row fits (launchers allocate no memory), else computed again in the last pass */                   \
@@ -140,7 +107,7 @@ static inline double exp_f64(double v) { return exp(v); } /* f64 is for checking
         }                                                                                                     \
     }                                                                                                         \
                                                                                                               \
-    SOFTMAX_CLONES static void bwd_row_##SUFFIX(int64_t n, const T *g, const T *y, int lg, T *dx) {       \
+    OPSMITH_CPU_CLONES_V4 static void bwd_row_##SUFFIX(int64_t n, const T *g, const T *y, int lg, T *dx) {       \
         ACC s[LANES];                                                                                         \
         for (int k = 0; k < LANES; k++) s[k] = 0;                                                             \
         int64_t i = 0;                                                                                        \
@@ -180,9 +147,9 @@ static inline double exp_f64(double v) { return exp(v); } /* f64 is for checking
     }
 
 DEFINE_SOFTMAX(f64, double, double, LOAD_F64, STORE_F64, exp_f64, exp_f64, log, 1)
-DEFINE_SOFTMAX(f32, float, float, LOAD_F32, STORE_F32, exp_nonpos_f32, opsmith_exp_f32, logf, 1)
-DEFINE_SOFTMAX(f16, uint16_t, float, LOADV_F16, STOREV_F16, exp_nonpos_f32, opsmith_exp_f32, logf, 0)
-DEFINE_SOFTMAX(bf16, uint16_t, float, LOAD_BF16, STORE_BF16, exp_nonpos_f32, opsmith_exp_f32, logf, 0)
+DEFINE_SOFTMAX(f32, float, float, LOAD_F32, STORE_F32, opsmith_exp_nonpos_f32, opsmith_exp_f32, logf, 1)
+DEFINE_SOFTMAX(f16, uint16_t, float, LOADV_F16, STOREV_F16, opsmith_exp_nonpos_f32, opsmith_exp_f32, logf, 0)
+DEFINE_SOFTMAX(bf16, uint16_t, float, LOAD_BF16, STORE_BF16, opsmith_exp_nonpos_f32, opsmith_exp_f32, logf, 0)
 
 /* f16 on a CPU with F16C: the conversions in hardware, 8 at a time, out of
  * line (convert_block.h), so the row goes through float buffers: the forward
@@ -229,7 +196,7 @@ __attribute__((target("avx2,f16c"))) static void scale_narrow_f16c(const float *
 /* the forward's three passes over blocks of the row widened into an L1 buffer;
  * e^(x - max) kept in a float row buffer for rows up to ROW_KEEP, else
  * computed again */
-SOFTMAX_CLONES static void fwd_row_f16_buf(int64_t n, const uint16_t *x, int lg, uint16_t *y) {
+OPSMITH_CPU_CLONES_V4 static void fwd_row_f16_buf(int64_t n, const uint16_t *x, int lg, uint16_t *y) {
     float xb[F16_BLOCK], s[LANES];
     float keep_row[ROW_KEEP];
     float *const row = !lg && n <= ROW_KEEP ? keep_row : NULL;
@@ -243,13 +210,13 @@ SOFTMAX_CLONES static void fwd_row_f16_buf(int64_t n, const uint16_t *x, int lg,
         for (; j + LANES <= len; j += LANES) {
 #pragma omp simd
             for (int k = 0; k < LANES; k++) {
-                const float v = exp_nonpos_f32(xb[j + k] - mx);
+                const float v = opsmith_exp_nonpos_f32(xb[j + k] - mx);
                 e[j + k] = v;
                 s[k] += v;
             }
         }
         for (int k = 0; j < len; j++, k++) {
-            const float v = exp_nonpos_f32(xb[j] - mx);
+            const float v = opsmith_exp_nonpos_f32(xb[j] - mx);
             e[j] = v;
             s[k] += v;
         }
@@ -269,13 +236,13 @@ SOFTMAX_CLONES static void fwd_row_f16_buf(int64_t n, const uint16_t *x, int lg,
             for (int64_t j = 0; j < len; j++) xb[j] = xb[j] - lse;
         } else {
 #pragma omp simd
-            for (int64_t j = 0; j < len; j++) xb[j] = exp_nonpos_f32(xb[j] - mx) * inv;
+            for (int64_t j = 0; j < len; j++) xb[j] = opsmith_exp_nonpos_f32(xb[j] - mx) * inv;
         }
         opsmith_narrow_f16_f16c(xb, len, y + b0); /* y may be x: this block of x is read */
     }
 }
 
-SOFTMAX_CLONES static void bwd_row_f16_buf(int64_t n, const uint16_t *g, const uint16_t *y, int lg, uint16_t *dx) {
+OPSMITH_CPU_CLONES_V4 static void bwd_row_f16_buf(int64_t n, const uint16_t *g, const uint16_t *y, int lg, uint16_t *dx) {
     float gb[F16_BLOCK], yb[F16_BLOCK], s[LANES];
     for (int k = 0; k < LANES; k++) s[k] = 0;
     for (int64_t b0 = 0; b0 < n; b0 += F16_BLOCK) {
