@@ -46,8 +46,10 @@ static inline void exp_block_f64(double *v, int64_t n) {
             for (int64_t k = 0; k < len; k++) buf[k] = cap * TANH(buf[k] * inv_cap);                            \
     }                                                                                                           \
                                                                                                                 \
-    /* lse of one row; *wy = sum_c w[c] y[c] when wy is not NULL */                                             \
-    OPSMITH_CPU_CLONES static ACC row_lse_##SUFFIX(int64_t n, const T *x, ACC cap, const ACC *w, ACC *wy) {     \
+    /* lse of one row, as base + log(total) with total = sum e^(y - base);                                      \
+     * *wy = sum_c w[c] y[c] when wy is not NULL */                                                             \
+    OPSMITH_CPU_CLONES static ACC row_lse_##SUFFIX(int64_t n, const T *x, ACC cap, const ACC *w, ACC *wy,       \
+                                                   ACC *base_out, ACC *total_out) {                             \
         const ACC inv_cap = cap > 0 ? (ACC)1 / cap : (ACC)0;                                                    \
         ACC m[LANES], a[LANES], s[LANES], buf[BLOCK];                                                           \
         for (int k = 0; k < LANES; k++) m[k] = -INFINITY, a[k] = 0, s[k] = 0;                                   \
@@ -80,24 +82,28 @@ static inline void exp_block_f64(double *v, int64_t n) {
         }                                                                                                       \
         ACC total = 0;                                                                                          \
         for (int k = 0; k < LANES; k++) total += s[k];                                                          \
+        *base_out = base, *total_out = total;                                                                   \
         return base + LOG(total);                                                                               \
     }                                                                                                           \
                                                                                                                 \
-    /* the gradient of one row (scaled by `scale`): formula in the header. d                                    \
-     * may be x (in place): each block is read whole before it is written */                                   \
+    /* the gradient of one row (scaled by `scale`): formula in the header, with                                 \
+     * p = e^(y - base) / total (row_lse's): never through a rounded lse, whose                                 \
+     * ulp at |y| ~ 1e4 in float would be an error of p. d may be x (in place):                                 \
+     * each block is read whole before it is written */                                                         \
     OPSMITH_CPU_CLONES static void row_grad_##SUFFIX(int64_t n, const T *x, int64_t t, ACC cap, const ACC *w,   \
-                                                     ACC lse, ACC coef, ACC smooth, ACC target_coef, ACC scale, \
-                                                     T *d) {                                                    \
+                                                     ACC base, ACC total, ACC coef, ACC smooth,                 \
+                                                     ACC target_coef, ACC scale, T *d) {                        \
+        const ACC pc = coef / total;                                                                            \
         const ACC inv_cap = cap > 0 ? (ACC)1 / cap : (ACC)0;                                                    \
         const ACC y_t = cap_##SUFFIX(LOAD(x[t]), cap, inv_cap);                                                 \
         ACC y[BLOCK], g[BLOCK];                                                                                 \
         for (int64_t b0 = 0; b0 < n; b0 += BLOCK) {                                                             \
             const int64_t len = n - b0 < BLOCK ? n - b0 : BLOCK;                                                \
             load_##SUFFIX(x + b0, len, cap, inv_cap, y);                                                        \
-            for (int64_t k = 0; k < len; k++) g[k] = y[k] - lse;                                                \
+            for (int64_t k = 0; k < len; k++) g[k] = y[k] - base;                                               \
             EXPB(g, len);                                                                                       \
-            /* (e^(y - lse) coef - smooth w) dy scale, dy the softcap's slope */                                \
-            for (int64_t k = 0; k < len; k++) g[k] *= coef;                                                     \
+            /* (p coef - smooth w) dy scale, dy the softcap's slope */                                          \
+            for (int64_t k = 0; k < len; k++) g[k] *= pc;                                                       \
             if (w) {                                                                                            \
                 for (int64_t k = 0; k < len; k++) g[k] -= smooth * w[b0 + k];                                   \
             } else {                                                                                            \
@@ -108,10 +114,10 @@ static inline void exp_block_f64(double *v, int64_t n) {
             for (int64_t k = 0; k < len; k++) d[b0 + k] = STORE(g[k] * scale);                                  \
         }                                                                                                       \
         /* the target's own term, after the sweep: d may be x (in place) */                                     \
-        ACC e_t = y_t - lse;                                                                                    \
+        ACC e_t = y_t - base;                                                                                   \
         EXPB(&e_t, 1);                                                                                          \
         const ACC dy_t = cap > 0 ? (ACC)1 - (y_t * inv_cap) * (y_t * inv_cap) : (ACC)1;                         \
-        d[t] = STORE((e_t * coef - smooth * (w ? w[t] : (ACC)1) - target_coef) * dy_t * scale);                 \
+        d[t] = STORE((e_t * pc - smooth * (w ? w[t] : (ACC)1) - target_coef) * dy_t * scale);                 \
     }                                                                                                           \
                                                                                                                 \
     /* A row that fits one block (n <= BLOCK: small vocabularies), read and   \
@@ -195,7 +201,7 @@ static inline void exp_block_f64(double *v, int64_t n) {
         for (int64_t r = 0; r < rows; r++) {                                                                    \
             const T *xr = x + r * xs;                                                                           \
             const int64_t t = tg[r * ts];                                                                       \
-            ACC wy = 0;                                                                                         \
+            ACC wy = 0, base = 0, total = 1;                                                                    \
             const ACC inv_cap = cap > 0 ? (ACC)1 / cap : (ACC)0;                                                \
             /* the target's logit, read before the row is written (in place) */                                 \
             const ACC wt = t == ignore ? (ACC)0 : w ? w[t] : (ACC)1;                                            \
@@ -206,7 +212,7 @@ static inline void exp_block_f64(double *v, int64_t n) {
                                                        ((ACC)1 - ls) * wt + ls_n * wsum, 2 * z, ls_n,           \
                                                        ((ACC)1 - ls) * wt, scale,                               \
                                                        t == ignore ? NULL : dl ? dl + r * dls : NULL)           \
-                                  : row_lse_##SUFFIX(n, xr, cap, w, ls > 0 ? &wy : NULL);                       \
+                                  : row_lse_##SUFFIX(n, xr, cap, w, ls > 0 ? &wy : NULL, &base, &total);        \
             if (lse_out) lse_out[r] = lse;                                                                      \
             if (t == ignore) {                                                                                  \
                 loss_rows[r] = 0, z_rows[r] = 0;                                                                \
@@ -219,8 +225,8 @@ static inline void exp_block_f64(double *v, int64_t n) {
             if (ls > 0) l += ls_n * (wsum * lse - wy);                                                          \
             loss_rows[r] = l, z_rows[r] = zl;                                                                   \
             if (dl && !small)                                                                                   \
-                row_grad_##SUFFIX(n, xr, t, cap, w, lse, ((ACC)1 - ls) * wt + ls_n * wsum + 2 * z * lse, ls_n,  \
-                                  ((ACC)1 - ls) * wt, scale, dl + r * dls);                                     \
+                row_grad_##SUFFIX(n, xr, t, cap, w, base, total, ((ACC)1 - ls) * wt + ls_n * wsum + 2 * z * lse, \
+                                  ls_n, ((ACC)1 - ls) * wt, scale, dl + r * dls);                               \
         }                                                                                                       \
         if (red == OPSMITH_CROSS_ENTROPY_REDUCTION_NONE) {                                                      \
             for (int64_t r = 0; r < rows; r++) {                                                                \

@@ -210,6 +210,70 @@ static float adamw_run_cuda(const mode *md, lists *h) {
     return host3[1];
 }
 
+/* 1000 tensors, three launches' worth of tensor slots (the launches of one
+ * call overlap on sm_90), carved 16-byte aligned out of one device buffer a
+ * role, one of them several chunks long: one fp32 step, read back as soon
+ * as the stream is done, against the reference */
+static void test_cuda_many_launches(void) {
+    enum { COUNT = 1000 };
+    static int64_t sizes[COUNT];
+    static size_t at[COUNT];
+    static void *dp[COUNT];
+    static const void *dg[COUNT];
+    static float *dm[COUNT], *dv[COUNT];
+    static const float *dstep[COUNT];
+    static double *rp[COUNT], *rg[COUNT], *rm[COUNT], *rv[COUNT], *rx[COUNT], rstep[COUNT];
+    test_rng rng = {4242};
+    size_t total = 0;
+    for (int t = 0; t < COUNT; t++) {
+        sizes[t] = t == 500 ? 3 * OPSMITH_ADAMW_CHUNK + 5 : 1 + (int64_t)(rng_uniform(&rng) * 300);
+        at[t] = total;
+        total += (size_t)(sizes[t] + 3) / 4 * 4;
+    }
+    float *h[4], *d[4], *steps_h = xmalloc(COUNT * 4), *steps_d = NULL;
+    double *ref[4];
+    for (int q = 0; q < 4; q++) {
+        h[q] = xmalloc(total * 4), ref[q] = xmalloc(total * 8), d[q] = NULL;
+        cudaMalloc((void **)&d[q], total * 4);
+    }
+    double *rx_all = xmalloc(total * 8);
+    cudaMalloc((void **)&steps_d, COUNT * 4);
+    for (size_t i = 0; i < total; i++) {
+        h[0][i] = (float)rng_value(&rng), h[1][i] = (float)(0.3 * rng_value(&rng));
+        h[2][i] = (float)(0.1 * rng_value(&rng)), h[3][i] = (float)(0.01 * (0.05 + rng_uniform(&rng)));
+        for (int q = 0; q < 4; q++) ref[q][i] = h[q][i];
+    }
+    for (int t = 0; t < COUNT; t++) {
+        steps_h[t] = (float)(2 + t % 3), rstep[t] = steps_h[t];
+        dp[t] = d[0] + at[t], dg[t] = d[1] + at[t], dm[t] = d[2] + at[t], dv[t] = d[3] + at[t];
+        dstep[t] = steps_d + t;
+        rp[t] = ref[0] + at[t], rg[t] = ref[1] + at[t], rm[t] = ref[2] + at[t], rv[t] = ref[3] + at[t];
+        rx[t] = rx_all + at[t];
+    }
+    for (int q = 0; q < 4; q++) cudaMemcpy(d[q], h[q], total * 4, cudaMemcpyHostToDevice);
+    cudaMemcpy(steps_d, steps_h, COUNT * 4, cudaMemcpyHostToDevice);
+    opsmith_status s = opsmith_adamw_step_cuda(COUNT, sizes, OPSMITH_DTYPE_F32, OPSMITH_DTYPE_F32, dp, dg, dm, dv,
+                                               NULL, NULL, dstep, LR, NULL, B1, B2, EPS, 0.01, 0, 0, NULL, NULL);
+    CHECK(s == OPSMITH_STATUS_SUCCESS, "cuda step, %d tensors: %s (%s)", COUNT, opsmith_status_string(s),
+          opsmith_last_error());
+    for (int q = 0; q < 4; q++) cudaMemcpy(h[q], d[q], total * 4, cudaMemcpyDeviceToHost);
+    CHECK(cudaDeviceSynchronize() == cudaSuccess, "cuda adamw, %d tensors: kernel failed", COUNT);
+    opsmith_adamw_step_reference(COUNT, sizes, rp, (const double *const *)rg, rm, rv, rx, rstep, LR, B1, B2, EPS,
+                                 0.01, 0, 0, 1.0);
+    double wp = 0, wm = 0, wv = 0;
+    for (int t = 0; t < COUNT; t++)
+        for (int64_t i = 0; i < sizes[t]; i++) {
+            const size_t k = at[t] + (size_t)i;
+            wp = fmax(wp, worst(h[0][k], rp[t][i], 4e-6, 2e-4 * LR));
+            wm = fmax(wm, worst(h[2][k], rm[t][i], 4e-6, 1e-7));
+            wv = fmax(wv, worst(h[3][k], rv[t][i], 4e-6, 1e-9));
+        }
+    CHECK(fmax(wp, fmax(wm, wv)) <= 1.0, "cuda adamw, %d tensors in one call: error/tol p %.3g m %.3g v %.3g",
+          COUNT, wp, wm, wv);
+    for (int q = 0; q < 4; q++) free(h[q]), free(ref[q]), cudaFree(d[q]);
+    free(rx_all), free(steps_h), cudaFree(steps_d);
+}
+
 static int adamw_cuda_present(void) {
     int count = 0;
     if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
@@ -404,8 +468,8 @@ HARNESS_GROUP(test_adamw) {
     if (!cuda) printf("skipping CUDA adamw cases: no device\n");
 #endif
     test_increment_steps(0);
-    if (cuda) test_increment_steps(1);
-    else harness_skip(1);
+    if (cuda) test_increment_steps(1), test_cuda_many_launches();
+    else harness_skip(2);
     uint64_t seed = 1;
     for (size_t a = 0; a < sizeof pm / sizeof pm[0]; a++)
         for (size_t b = 0; b < 2; b++)

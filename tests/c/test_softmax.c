@@ -285,10 +285,10 @@ static void run_shapes(const shape *shapes, size_t count, int cuda, int cuda_onl
             /* logits scaled by 1e4 only where the dtype holds them exactly enough (float32, float64) */
             if (h->scale > 1.0 && dt != OPSMITH_DTYPE_F32 && dt != OPSMITH_DTYPE_F64) continue;
             const softmax_case c = {dt, h->rows, h->n, h->pad, h->off, h->log, h->scale, h->mask};
-            /* the CUDA-only shapes run on the CPU too where small, which checks the test's own expectations;
-             * not the scaled ones (the CPU kernel still forms exp(x - lse), off by ~7e-4 at 1e4) nor rows
-             * over 100000 (its backward's float32 running sum of dy y over random y drifts past 1e-5) */
-            const int cpu = c.rows > 0 && (!cuda_only || (c.rows * c.n <= (1 << 20) && c.n <= 100000 && c.scale <= 1.0));
+            /* the CUDA-only shapes run on the CPU too where small, which checks the test's own expectations
+             * (scaled logits included); not rows over 100000 (the CPU backward's float32 running sum of
+             * dy y over random y drifts past 1e-5) */
+            const int cpu = c.rows > 0 && (!cuda_only || (c.rows * c.n <= (1 << 20) && c.n <= 100000));
             if (cuda_only && cuda == 0 && !cpu) {
                 harness_skip(1);
                 continue;
@@ -324,7 +324,7 @@ HARNESS_GROUP(test_softmax)
      * forward, 8 backward; 262144: 8; float64 262144 is too wide: the
      * streaming kernels); aligned single rows with an odd tail (the last
      * CTA's scalar tail); padded rows; unaligned wide rows (streaming);
-     * scale 1e4 and masked rows through the cluster path */
+     * scale 1e4 (and 1e30) and masked rows through the cluster path */
     static const shape wide[] = {
         {4, 128256, 0, 0, 0, 0, 0}, {3, 128256, 8, 0, 1, 0, 0}, {2, 262144, 0, 0, 0, 0, 0}, {2, 262144, 0, 0, 1, 0, 1},
         {1, 128257, 0, 0, 0, 0, 0}, {1, 262151, 0, 0, 1, 0, 0}, {1, 36871, 0, 0, 0, 0, 1},  {3, 16384, 8, 0, 0, 0, 0},
@@ -332,6 +332,8 @@ HARNESS_GROUP(test_softmax)
         {3, 128256, 0, 0, 1, 1e4, 0}, {2, 262144, 0, 0, 0, 1e4, 0}, {2042, 237, 0, 0, 0, 1e4, 0}, {4, 65536, 0, 0, 0, 0, 0},
         {2, 100000, 0, 0, 0, 0, 0}, {3, 9000, 0, 0, 1, 0, 0},   {14, 1563, 0, 0, 0, 1e4, 0}, {5, 237, 3, 0, 1, 1e4, 0},
         {7, 4096, 0, 3, 0, 1e4, 0}, /* unaligned: the streaming kernel's scalar path, scaled */
+        /* |x| ~ 1e30: far past where exp(y - max) may be formed from y log2e and max log2e */
+        {6, 4096, 0, 0, 0, 1e30, 0}, {3, 128256, 0, 0, 1, 1e30, 0}, {5, 237, 0, 1, 0, 1e30, 0},
     };
     run_shapes(wide, sizeof wide / sizeof wide[0], cuda, 1, 0x5EED2ull);
     test_bad_args();
