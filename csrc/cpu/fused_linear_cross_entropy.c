@@ -1,22 +1,23 @@
 /* fused_linear_cross_entropy on the CPU: C11 + OpenMP. Over chunks of tokens:
- * the chunk's logits (cache-blocked: a block of weight rows against every
- * token of the chunk), cross_entropy's own CPU kernel on them (loss per row,
- * the logit gradient written over them), then dhidden (a token a task) and
- * the dweight/dbias accumulators (a block of vocabulary rows a task, so each
- * accumulator element has one owner and a fixed summation order: results do
- * not depend on the thread count). 16-bit weight is widened once a call, a
- * chunk of hidden once a chunk; products and accumulators in the accumulate
+ * the chunk's logits (h W^T), cross_entropy's own CPU kernel on them (loss
+ * per row, the logit gradient written over them), then dhidden (dl W) and
+ * the dweight/dbias accumulators (dl^T h added once a chunk). The three
+ * products are cpu_gemm.h's packed, register-blocked GEMM, whose every
+ * output element is one owner's fixed-order sum, and the chunks run in
+ * order, so results do not depend on the thread count. 16-bit weight is
+ * widened once a call, a chunk of hidden once a chunk (the logit gradient
+ * while the GEMM packs it); products and accumulators in the accumulate
  * type (float; double for f64). The mean's scale is applied when the
  * gradients are stored. Formulas in include/opsmith/fused_linear_cross_entropy.h. */
 #include <math.h>
 #include <string.h>
 
 #include "convert.h"
+#include "cpu_gemm.h"
 #include "internal/cross_entropy.h"
 #include "internal/fused_linear_cross_entropy.h"
 
-#define LANES 8
-#define VBLOCK 16 /* weight rows a task */
+#define VBLOCK 64 /* vocabulary entries a dbias task */
 
 /* widen n values of a 16-bit or f32 dtype to float */
 static void widen_f(opsmith_dtype dtype, const void *src, int64_t n, float *dst) {
@@ -47,124 +48,52 @@ static void narrow_d(opsmith_dtype dtype, const double *src, int64_t n, double s
     for (int64_t i = 0; i < n; i++) ((double *)dst)[i] = src[i] * scale;
 }
 
-/* ACC: float (f32, f16, bf16) or double (f64). h: (c, dim) rows of stride hs
- * in ACC; w: (vocab, dim) in ACC; logits (c, vocab) and dl in dtype. */
-#define DEFINE_FLCE(S, ACC)                                                                                        \
-    static ACC dot_##S(const ACC *a, const ACC *b, int64_t n) {                                                   \
-        ACC lane[LANES] = {0};                                                                                    \
-        int64_t k = 0;                                                                                            \
-        for (; k + LANES <= n; k += LANES)                                                                        \
-            for (int j = 0; j < LANES; j++) lane[j] += a[k + j] * b[k + j];                                       \
-        ACC s = 0;                                                                                                \
-        for (; k < n; k++) s += a[k] * b[k];                                                                      \
-        for (int j = 0; j < LANES; j++) s += lane[j];                                                             \
-        return s;                                                                                                 \
-    }                                                                                                             \
-                                                                                                                  \
-    /* out[t][r] = dot(h_t, w_r) for 2 rows of h and 4 of w: every load of h                                   \
-     * serves 4 products and every load of w 2 (the lanes stay in registers) */                                   \
-    static void dots2x4_##S(const ACC *h0, const ACC *h1, const ACC *w, int64_t dim, ACC out[2][4]) {           \
-        ACC a[2][4][LANES];                                                                                       \
-        for (int t = 0; t < 2; t++)                                                                               \
-            for (int r = 0; r < 4; r++)                                                                           \
-                for (int j = 0; j < LANES; j++) a[t][r][j] = 0;                                                   \
-        const ACC *w0 = w, *w1 = w + dim, *w2 = w + 2 * dim, *w3 = w + 3 * dim;                                   \
-        int64_t k = 0;                                                                                            \
-        for (; k + LANES <= dim; k += LANES)                                                                      \
-            for (int j = 0; j < LANES; j++) {                                                                     \
-                const ACC x0 = h0[k + j], x1 = h1[k + j];                                                         \
-                a[0][0][j] += x0 * w0[k + j], a[0][1][j] += x0 * w1[k + j];                                       \
-                a[0][2][j] += x0 * w2[k + j], a[0][3][j] += x0 * w3[k + j];                                       \
-                a[1][0][j] += x1 * w0[k + j], a[1][1][j] += x1 * w1[k + j];                                       \
-                a[1][2][j] += x1 * w2[k + j], a[1][3][j] += x1 * w3[k + j];                                       \
-            }                                                                                                     \
-        const ACC *hh[2] = {h0, h1}, *ww[4] = {w0, w1, w2, w3};                                                   \
-        for (int t = 0; t < 2; t++)                                                                               \
-            for (int r = 0; r < 4; r++) {                                                                         \
-                ACC s = 0;                                                                                        \
-                for (int64_t q = k; q < dim; q++) s += hh[t][q] * ww[r][q];                                       \
-                for (int j = 0; j < LANES; j++) s += a[t][r][j];                                                  \
-                out[t][r] = s;                                                                                    \
-            }                                                                                                     \
-    }                                                                                                             \
-                                                                                                                  \
+/* The chunk's three products, each one opsmith_cpu_gemm (cpu_gemm.h) call.
+ * ACC: float (f32, f16, bf16) or double (f64); GEMM: its f32 or f64 product.
+ * h: (c, dim) rows of stride hs in ACC; w: (vocab, dim) in ACC; logits and
+ * dl (the logit gradient written over them): (c, vocab) in dtype. */
+#define DEFINE_FLCE(S, ACC, ACC_DTYPE, GEMM)                                                                      \
+    /* logits = h w^T (+ bias), rounded once to dtype */                                                          \
     static void logits_##S(opsmith_dtype dtype, int64_t c, int64_t dim, int64_t vocab, const ACC *h, int64_t hs,  \
                            const ACC *w, const void *bias, void *out, int threads) {                              \
-        const size_t size = opsmith_dtype_size(dtype);                                                            \
-        const int64_t blocks = (vocab + VBLOCK - 1) / VBLOCK;                                                     \
-        _Pragma("omp parallel for schedule(static) num_threads(threads) if(c * vocab * dim > 65536)")             \
-        for (int64_t b = 0; b < blocks; b++) {                                                                    \
-            const int64_t v0 = b * VBLOCK, v1 = v0 + VBLOCK < vocab ? v0 + VBLOCK : vocab;                        \
-            ACC bv[VBLOCK], y[2][VBLOCK], o[2][4];                                                                \
-            if (bias) widen_##S(dtype, (const char *)bias + (size_t)v0 * size, v1 - v0, bv);                      \
-            for (int64_t i = 0; i < c; i += 2) {                                                                  \
-                const int pair = i + 1 < c;                                                                       \
-                const ACC *h0 = h + i * hs, *h1 = pair ? h0 + hs : h0;                                            \
-                int64_t v = v0;                                                                                   \
-                for (; v + 4 <= v1; v += 4) {                                                                     \
-                    dots2x4_##S(h0, h1, w + v * dim, dim, o);                                                     \
-                    for (int r = 0; r < 4; r++) y[0][v - v0 + r] = o[0][r], y[1][v - v0 + r] = o[1][r];           \
-                }                                                                                                 \
-                for (; v < v1; v++)                                                                               \
-                    y[0][v - v0] = dot_##S(h0, w + v * dim, dim), y[1][v - v0] = dot_##S(h1, w + v * dim, dim);   \
-                for (int t = 0; t < 1 + pair; t++) {                                                              \
-                    if (bias)                                                                                     \
-                        for (int64_t q = 0; q < v1 - v0; q++) y[t][q] += bv[q];                                   \
-                    narrow_##S(dtype, y[t], v1 - v0, (ACC)1, (char *)out + ((size_t)(i + t) * vocab + v0) * size); \
-                }                                                                                                 \
-            }                                                                                                     \
-        }                                                                                                         \
+        const opsmith_gemm_operand a = {h, ACC_DTYPE, hs, 1}, b = {w, ACC_DTYPE, 1, dim};                          \
+        const opsmith_gemm_out o = {out, dtype, vocab, 1.0, bias, dtype, 0};                                      \
+        GEMM(c, vocab, dim, a, b, &o, threads);                                                                   \
     }                                                                                                             \
                                                                                                                   \
-    /* dh (c, dim; ACC) = dl (c, vocab) w; stored scaled into dhidden rows */                                     \
+    /* dhidden rows = scale * (dl w) */                                                                           \
     static void dhidden_##S(opsmith_dtype dtype, int64_t c, int64_t dim, int64_t vocab, const void *dl,           \
-                            const ACC *w, ACC *dh, ACC scale, void *dhidden, int threads) {                       \
-        const size_t size = opsmith_dtype_size(dtype);                                                            \
-        _Pragma("omp parallel for schedule(static) num_threads(threads) if(c * vocab * dim > 65536)")             \
-        for (int64_t i = 0; i < c; i++) {                                                                         \
-            ACC *row = dh + i * dim;                                                                              \
-            ACC g[VBLOCK];                                                                                        \
-            for (int64_t k = 0; k < dim; k++) row[k] = 0;                                                         \
-            for (int64_t v0 = 0; v0 < vocab; v0 += VBLOCK) {                                                      \
-                const int64_t nv = v0 + VBLOCK < vocab ? VBLOCK : vocab - v0;                                     \
-                widen_##S(dtype, (const char *)dl + ((size_t)i * vocab + v0) * size, nv, g);                      \
-                for (int64_t j = 0; j < nv; j++) {                                                                \
-                    const ACC gv = g[j];                                                                          \
-                    const ACC *wr = w + (v0 + j) * dim;                                                           \
-                    if (gv != 0)                                                                                  \
-                        for (int64_t k = 0; k < dim; k++) row[k] += gv * wr[k];                                   \
-                }                                                                                                 \
-            }                                                                                                     \
-            narrow_##S(dtype, row, dim, scale, (char *)dhidden + (size_t)i * dim * size);                         \
-        }                                                                                                         \
+                            const ACC *w, ACC scale, void *dhidden, int threads) {                                \
+        const opsmith_gemm_operand a = {dl, dtype, vocab, 1}, b = {w, ACC_DTYPE, dim, 1};                         \
+        const opsmith_gemm_out o = {dhidden, dtype, dim, (double)scale, NULL, dtype, 0};                          \
+        GEMM(c, dim, vocab, a, b, &o, threads);                                                                   \
     }                                                                                                             \
                                                                                                                   \
-    /* dw (vocab, dim) += dl^T h; db (vocab) += column sums of dl; either may be NULL */                          \
+    /* dw (vocab, dim) += dl^T h (this chunk's sum, added once); db (vocab) += column sums of dl (a block of      \
+     * vocabulary a task, rows in order); either may be NULL */                                                   \
     static void dweight_##S(opsmith_dtype dtype, int64_t c, int64_t dim, int64_t vocab, const void *dl,           \
                             const ACC *h, int64_t hs, ACC *dw, ACC *db, int threads) {                            \
+        if (dw) {                                                                                                 \
+            const opsmith_gemm_operand a = {dl, dtype, 1, vocab}, b = {h, ACC_DTYPE, hs, 1};                      \
+            const opsmith_gemm_out o = {dw, ACC_DTYPE, dim, 1.0, NULL, ACC_DTYPE, 1};                             \
+            GEMM(vocab, dim, c, a, b, &o, threads);                                                               \
+        }                                                                                                         \
+        if (!db) return;                                                                                          \
         const size_t size = opsmith_dtype_size(dtype);                                                            \
         const int64_t blocks = (vocab + VBLOCK - 1) / VBLOCK;                                                     \
-        _Pragma("omp parallel for schedule(static) num_threads(threads) if(c * vocab * dim > 65536)")             \
-        for (int64_t b = 0; b < blocks; b++) {                                                                    \
-            const int64_t v0 = b * VBLOCK, nv = v0 + VBLOCK < vocab ? VBLOCK : vocab - v0;                        \
+        _Pragma("omp parallel for schedule(static) num_threads(threads) if(c * vocab > 65536)")                   \
+        for (int64_t bk = 0; bk < blocks; bk++) {                                                                 \
+            const int64_t v0 = bk * VBLOCK, nv = v0 + VBLOCK < vocab ? VBLOCK : vocab - v0;                       \
             ACC g[VBLOCK];                                                                                        \
             for (int64_t i = 0; i < c; i++) {                                                                     \
                 widen_##S(dtype, (const char *)dl + ((size_t)i * vocab + v0) * size, nv, g);                      \
-                const ACC *hr = h + i * hs;                                                                       \
-                for (int64_t j = 0; j < nv; j++) {                                                                \
-                    const ACC gv = g[j];                                                                          \
-                    if (db) db[v0 + j] += gv;                                                                     \
-                    if (dw && gv != 0) {                                                                          \
-                        ACC *wr = dw + (v0 + j) * dim;                                                            \
-                        for (int64_t k = 0; k < dim; k++) wr[k] += gv * hr[k];                                    \
-                    }                                                                                             \
-                }                                                                                                 \
+                for (int64_t j = 0; j < nv; j++) db[v0 + j] += g[j];                                              \
             }                                                                                                     \
         }                                                                                                         \
     }
 
-DEFINE_FLCE(f, float)
-DEFINE_FLCE(d, double)
+DEFINE_FLCE(f, float, OPSMITH_DTYPE_F32, opsmith_cpu_gemm_f32)
+DEFINE_FLCE(d, double, OPSMITH_DTYPE_F64, opsmith_cpu_gemm_f64)
 
 /* The forward over the chunks in ACC (S: f or d). */
 #define RUN_FLCE(S, ACC)                                                                                          \
@@ -204,8 +133,8 @@ DEFINE_FLCE(d, double)
             const ACC *per_row = (const ACC *)(ws + l.ce);                                                        \
             for (int64_t i = 0; i < c; i++) total += per_row[i], z_total += per_row[c + i];                       \
             if (dhidden)                                                                                          \
-                dhidden_##S(dtype, c, dim, vocab, logits, w, (ACC *)(ws + l.dh), scale,                           \
-                            (char *)dhidden + (size_t)r0 * dim * size, threads);                                  \
+                dhidden_##S(dtype, c, dim, vocab, logits, w, scale, (char *)dhidden + (size_t)r0 * dim * size,    \
+                            threads);                                                                             \
             if (dw || db) dweight_##S(dtype, c, dim, vocab, logits, h, hs, dw, db, threads);                      \
         }                                                                                                         \
         const ACC d = red == OPSMITH_CROSS_ENTROPY_REDUCTION_MEAN ? (ACC)denom : (ACC)1;                          \
