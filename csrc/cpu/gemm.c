@@ -9,7 +9,7 @@
  * The epilogue scales, adds the bias, accumulates and stores the tile in
  * the output's dtype. Packing absorbs the strides (so transposes are free)
  * and the widening of 16-bit operands; the pack buffers and the tile live
- * on the thread's stack (about 200 KiB).
+ * on the thread's stack (about 320 KiB).
  *
  * The micro-kernel is a fixed-lane loop nest that gcc unrolls into vector
  * FMAs held in registers: 8 x 32 floats (16 zmm accumulators) for AVX-512,
@@ -24,9 +24,9 @@
 #include "cpu_gemm.h"
 
 #define KC 128
-#define NC 96 /* multiple of every path's NR */
-#define MC_F 192 /* multiple of every path's MR */
-#define MC_D 96
+#define NC 384 /* multiple of every path's NR */
+#define MC_F 144 /* multiple of every path's MR */
+#define MC_D 72
 
 /* ---- element access by dtype --------------------------------------------- */
 
@@ -45,50 +45,87 @@ static inline double load_d(const void *p, opsmith_dtype dt, int64_t i) {
 
 /* ---- packing, shared by every path -------------------------------------- */
 
-/* dst: ceil(mc / mr) micro-panels of kc x mr (rows past mc are zeros) of
- * A[i0 .. i0 + mc)[p0 .. p0 + kc) */
-#define DEFINE_PACK(S, T)                                                                                     \
-    static void pack_a_##S(T *dst, const opsmith_gemm_operand *a, int64_t i0, int64_t p0, int64_t mc,         \
-                           int64_t kc, int mr) {                                                              \
+/* Per operand storage type (SRC_T, widened by CONV): the loops run along
+ * whichever stride is 1, with no per-element dispatch.
+ * pack_a: dst = ceil(mc / mr) micro-panels of kc x mr (rows past mc zeros)
+ * of A[i0 .. i0 + mc)[p0 .. p0 + kc). pack_b: dst = kc x nr of
+ * B[p0 .. p0 + kc)[j0 .. j0 + cols), zeros past cols. */
+#define DEFINE_PACK(S, T, SRC, SRC_T, CONV)                                                                   \
+    NO_MEMCPY static void pack_a_##S##_##SRC(T *restrict dst, const opsmith_gemm_operand *a, int64_t i0, int64_t p0,    \
+                                   int64_t mc, int64_t kc, int mr) {                                          \
+        const SRC_T *src = (const SRC_T *)a->p;                                                               \
+        const int64_t rs = a->rs, cs = a->cs;                                                                 \
         for (int64_t ir = 0; ir < mc; ir += mr) {                                                             \
-            T *d = dst + ir * kc;                                                                             \
+            T *restrict d = dst + ir * kc;                                                                    \
             const int rows = mc - ir < mr ? (int)(mc - ir) : mr;                                              \
-            if (a->cs == 1) {                                                                                 \
+            if (cs == 1) {                                                                                    \
                 for (int i = 0; i < rows; i++) {                                                              \
-                    const int64_t base = (i0 + ir + i) * a->rs + p0;                                          \
-                    for (int64_t p = 0; p < kc; p++) d[p * mr + i] = (T)load_##S(a->p, a->dtype, base + p); \
+                    const SRC_T *restrict row = src + (i0 + ir + i) * rs + p0;                                \
+                    for (int64_t p = 0; p < kc; p++) d[p * mr + i] = (T)CONV(row[p]);                         \
                 }                                                                                             \
             } else {                                                                                          \
                 for (int64_t p = 0; p < kc; p++) {                                                            \
-                    const int64_t base = (p0 + p) * a->cs + (i0 + ir) * a->rs;                                \
-                    for (int i = 0; i < rows; i++) d[p * mr + i] = (T)load_##S(a->p, a->dtype, base + i * a->rs); \
+                    const SRC_T *restrict col = src + (p0 + p) * cs + (i0 + ir) * rs;                         \
+                    for (int i = 0; i < rows; i++) d[p * mr + i] = (T)CONV(col[i * rs]);                      \
                 }                                                                                             \
             }                                                                                                 \
-            for (int i = rows; i < mr; i++)                                                                   \
-                for (int64_t p = 0; p < kc; p++) d[p * mr + i] = 0;                                           \
+            if (rows < mr)                                                                                    \
+                for (int64_t p = 0; p < kc; p++)                                                              \
+                    for (int i = rows; i < mr; i++) d[p * mr + i] = 0;                                        \
         }                                                                                                     \
     }                                                                                                         \
                                                                                                               \
-    /* dst: kc x nr of B[p0 .. p0 + kc)[j0 .. j0 + cols), zeros past cols */                                \
-    static void pack_b_##S(T *dst, const opsmith_gemm_operand *b, int64_t p0, int64_t j0, int64_t kc,         \
-                           int cols, int nr) {                                                                \
-        if (b->cs == 1 || b->rs != 1) {                                                                       \
+    NO_MEMCPY static void pack_b_##S##_##SRC(T *restrict dst, const opsmith_gemm_operand *b, int64_t p0, int64_t j0,    \
+                                   int64_t kc, int cols, int nr) {                                            \
+        const SRC_T *src = (const SRC_T *)b->p;                                                               \
+        const int64_t rs = b->rs, cs = b->cs;                                                                 \
+        if (cs == 1 || rs != 1) {                                                                             \
             for (int64_t p = 0; p < kc; p++) {                                                                \
-                const int64_t base = (p0 + p) * b->rs + j0 * b->cs;                                           \
-                for (int j = 0; j < cols; j++) dst[p * nr + j] = (T)load_##S(b->p, b->dtype, base + j * b->cs); \
+                const SRC_T *restrict row = src + (p0 + p) * rs + j0 * cs;                                    \
+                if (cs == 1)                                                                                  \
+                    for (int j = 0; j < cols; j++) dst[p * nr + j] = (T)CONV(row[j]);                         \
+                else                                                                                          \
+                    for (int j = 0; j < cols; j++) dst[p * nr + j] = (T)CONV(row[j * cs]);                    \
             }                                                                                                 \
         } else {                                                                                              \
             for (int j = 0; j < cols; j++) {                                                                  \
-                const int64_t base = (j0 + j) * b->cs + p0;                                                   \
-                for (int64_t p = 0; p < kc; p++) dst[p * nr + j] = (T)load_##S(b->p, b->dtype, base + p);   \
+                const SRC_T *restrict col = src + (j0 + j) * cs + p0;                                         \
+                for (int64_t p = 0; p < kc; p++) dst[p * nr + j] = (T)CONV(col[p]);                           \
             }                                                                                                 \
         }                                                                                                     \
-        for (int64_t p = 0; p < kc; p++)                                                                      \
-            for (int j = cols; j < nr; j++) dst[p * nr + j] = 0;                                              \
+        if (cols < nr)                                                                                        \
+            for (int64_t p = 0; p < kc; p++)                                                                  \
+                for (int j = cols; j < nr; j++) dst[p * nr + j] = 0;                                          \
     }
 
-DEFINE_PACK(f, float)
-DEFINE_PACK(d, double)
+#define SAME(x) (x)
+/* a row of B is copied in an inline loop, not a memcpy call per row */
+#if defined(__GNUC__) && !defined(__clang__)
+#define NO_MEMCPY __attribute__((optimize("no-tree-loop-distribute-patterns")))
+#else
+#define NO_MEMCPY
+#endif
+DEFINE_PACK(f, float, f32, float, SAME)
+DEFINE_PACK(f, float, bf16, uint16_t, opsmith_bf16_to_f32)
+DEFINE_PACK(f, float, f16, uint16_t, opsmith_f16_to_f32)
+DEFINE_PACK(d, double, f64, double, SAME)
+
+static void pack_a_f(float *dst, const opsmith_gemm_operand *a, int64_t i0, int64_t p0, int64_t mc, int64_t kc,
+                     int mr) {
+    if (a->dtype == OPSMITH_DTYPE_BF16) pack_a_f_bf16(dst, a, i0, p0, mc, kc, mr);
+    else if (a->dtype == OPSMITH_DTYPE_F16) pack_a_f_f16(dst, a, i0, p0, mc, kc, mr);
+    else pack_a_f_f32(dst, a, i0, p0, mc, kc, mr);
+}
+
+static void pack_b_f(float *dst, const opsmith_gemm_operand *b, int64_t p0, int64_t j0, int64_t kc, int cols,
+                     int nr) {
+    if (b->dtype == OPSMITH_DTYPE_BF16) pack_b_f_bf16(dst, b, p0, j0, kc, cols, nr);
+    else if (b->dtype == OPSMITH_DTYPE_F16) pack_b_f_f16(dst, b, p0, j0, kc, cols, nr);
+    else pack_b_f_f32(dst, b, p0, j0, kc, cols, nr);
+}
+
+#define pack_a_d pack_a_d_f64
+#define pack_b_d pack_b_d_f64
 
 /* ---- micro-kernels -------------------------------------------------------- */
 
