@@ -4,10 +4,11 @@
  * the dweight/dbias accumulators (dl^T h added once a chunk). The three
  * products are cpu_gemm.h's packed, register-blocked GEMM, whose every
  * output element is one owner's fixed-order sum, and the chunks run in
- * order, so results do not depend on the thread count. 16-bit weight is
- * widened once a call, a chunk of hidden once a chunk (the logit gradient
- * while the GEMM packs it); products and accumulators in the accumulate
- * type (float; double for f64). The mean's scale is applied when the
+ * order, so results do not depend on the thread count. 16-bit operands are
+ * widened by the GEMM as it packs them (bf16 pairs multiplied directly on
+ * AVX512-BF16 CPUs), so the layout's widened-copy regions (wf, hf) and dh
+ * go unused here; products and accumulators in the accumulate type (float;
+ * double for f64). The mean's scale is applied when the
  * gradients are stored. Formulas in include/opsmith/fused_linear_cross_entropy.h. */
 #include <math.h>
 #include <string.h>
@@ -48,23 +49,25 @@ static void narrow_d(opsmith_dtype dtype, const double *src, int64_t n, double s
     for (int64_t i = 0; i < n; i++) ((double *)dst)[i] = src[i] * scale;
 }
 
-/* The chunk's three products, each one opsmith_cpu_gemm (cpu_gemm.h) call.
- * ACC: float (f32, f16, bf16) or double (f64); GEMM: its f32 or f64 product.
- * h: (c, dim) rows of stride hs in ACC; w: (vocab, dim) in ACC; logits and
- * dl (the logit gradient written over them): (c, vocab) in dtype. */
+/* The chunk's three products, each one opsmith_cpu_gemm (cpu_gemm.h) call,
+ * which widens 16-bit operands as it packs them (or multiplies bf16 pairs
+ * directly where the CPU can). ACC: float (f32, f16, bf16) or double (f64);
+ * GEMM: its f32 or f64 product. h: (c, dim) rows of stride hs, w: (vocab,
+ * dim), logits and dl (the logit gradient written over them): (c, vocab),
+ * all in dtype. */
 #define DEFINE_FLCE(S, ACC, ACC_DTYPE, GEMM)                                                                      \
     /* logits = h w^T (+ bias), rounded once to dtype */                                                          \
-    static void logits_##S(opsmith_dtype dtype, int64_t c, int64_t dim, int64_t vocab, const ACC *h, int64_t hs,  \
-                           const ACC *w, const void *bias, void *out, int threads) {                              \
-        const opsmith_gemm_operand a = {h, ACC_DTYPE, hs, 1}, b = {w, ACC_DTYPE, 1, dim};                          \
+    static void logits_##S(opsmith_dtype dtype, int64_t c, int64_t dim, int64_t vocab, const void *h, int64_t hs, \
+                           const void *w, const void *bias, void *out, int threads) {                             \
+        const opsmith_gemm_operand a = {h, dtype, hs, 1}, b = {w, dtype, 1, dim};                                 \
         const opsmith_gemm_out o = {out, dtype, vocab, 1.0, bias, dtype, 0};                                      \
         GEMM(c, vocab, dim, a, b, &o, threads);                                                                   \
     }                                                                                                             \
                                                                                                                   \
     /* dhidden rows = scale * (dl w) */                                                                           \
     static void dhidden_##S(opsmith_dtype dtype, int64_t c, int64_t dim, int64_t vocab, const void *dl,           \
-                            const ACC *w, ACC scale, void *dhidden, int threads) {                                \
-        const opsmith_gemm_operand a = {dl, dtype, vocab, 1}, b = {w, ACC_DTYPE, dim, 1};                         \
+                            const void *w, ACC scale, void *dhidden, int threads) {                               \
+        const opsmith_gemm_operand a = {dl, dtype, vocab, 1}, b = {w, dtype, dim, 1};                             \
         const opsmith_gemm_out o = {dhidden, dtype, dim, (double)scale, NULL, dtype, 0};                          \
         GEMM(c, dim, vocab, a, b, &o, threads);                                                                   \
     }                                                                                                             \
@@ -72,9 +75,9 @@ static void narrow_d(opsmith_dtype dtype, const double *src, int64_t n, double s
     /* dw (vocab, dim) += dl^T h (this chunk's sum, added once); db (vocab) += column sums of dl (a block of      \
      * vocabulary a task, rows in order); either may be NULL */                                                   \
     static void dweight_##S(opsmith_dtype dtype, int64_t c, int64_t dim, int64_t vocab, const void *dl,           \
-                            const ACC *h, int64_t hs, ACC *dw, ACC *db, int threads) {                            \
+                            const void *h, int64_t hs, ACC *dw, ACC *db, int threads) {                           \
         if (dw) {                                                                                                 \
-            const opsmith_gemm_operand a = {dl, dtype, 1, vocab}, b = {h, ACC_DTYPE, hs, 1};                      \
+            const opsmith_gemm_operand a = {dl, dtype, 1, vocab}, b = {h, dtype, hs, 1};                          \
             const opsmith_gemm_out o = {dw, ACC_DTYPE, dim, 1.0, NULL, ACC_DTYPE, 1};                             \
             GEMM(vocab, dim, c, a, b, &o, threads);                                                               \
         }                                                                                                         \
@@ -98,13 +101,6 @@ DEFINE_FLCE(d, double, OPSMITH_DTYPE_F64, opsmith_cpu_gemm_f64)
 /* The forward over the chunks in ACC (S: f or d). */
 #define RUN_FLCE(S, ACC)                                                                                          \
     do {                                                                                                          \
-        const ACC *w = narrow ? (const ACC *)(ws + l.wf) : (const ACC *)weight;                                   \
-        if (narrow) {                                                                                             \
-            ACC *wf = (ACC *)(ws + l.wf);                                                                         \
-            _Pragma("omp parallel for schedule(static) num_threads(threads) if(vocab * dim > 65536)")             \
-            for (int64_t v = 0; v < vocab; v++)                                                                   \
-                widen_##S(dtype, (const char *)weight + (size_t)v * dim * size, dim, wf + v * dim);               \
-        }                                                                                                         \
         ACC *dw = dweight ? (ACC *)(ws + l.dweight) : NULL, *db = dbias ? (ACC *)(ws + l.dbias) : NULL;           \
         if (dw) memset(dw, 0, sizeof(ACC) * (size_t)vocab * (size_t)dim);                                         \
         if (db) memset(db, 0, sizeof(ACC) * (size_t)vocab);                                                       \
@@ -113,17 +109,8 @@ DEFINE_FLCE(d, double, OPSMITH_DTYPE_F64, opsmith_cpu_gemm_f64)
                                                                        : (ACC)1;                                  \
         for (int64_t r0 = 0; r0 < rows; r0 += chunk) {                                                            \
             const int64_t c = r0 + chunk < rows ? chunk : rows - r0;                                              \
-            const ACC *h;                                                                                         \
-            int64_t hs;                                                                                           \
-            if (narrow) {                                                                                         \
-                ACC *hf = (ACC *)(ws + l.hf);                                                                     \
-                for (int64_t i = 0; i < c; i++)                                                                   \
-                    widen_##S(dtype, (const char *)hidden + (size_t)(r0 + i) * hrs * size, dim, hf + i * dim);    \
-                h = hf, hs = dim;                                                                                 \
-            } else {                                                                                              \
-                h = (const ACC *)hidden + r0 * hrs, hs = hrs;                                                     \
-            }                                                                                                     \
-            logits_##S(dtype, c, dim, vocab, h, hs, w, bias, logits, threads);                                    \
+            const void *h = (const char *)hidden + (size_t)r0 * hrs * size;                                       \
+            logits_##S(dtype, c, dim, vocab, h, hrs, weight, bias, logits, threads);                                    \
             double scratch = 0;                                                                                   \
             opsmith_status st = opsmith_cross_entropy_fwd_cpu(                                                    \
                 dtype, c, vocab, logits, vocab, target + r0 * target_stride, target_stride, NULL, ignore_index,   \
@@ -133,9 +120,9 @@ DEFINE_FLCE(d, double, OPSMITH_DTYPE_F64, opsmith_cpu_gemm_f64)
             const ACC *per_row = (const ACC *)(ws + l.ce);                                                        \
             for (int64_t i = 0; i < c; i++) total += per_row[i], z_total += per_row[c + i];                       \
             if (dhidden)                                                                                          \
-                dhidden_##S(dtype, c, dim, vocab, logits, w, scale, (char *)dhidden + (size_t)r0 * dim * size,    \
+                dhidden_##S(dtype, c, dim, vocab, logits, weight, scale, (char *)dhidden + (size_t)r0 * dim * size, \
                             threads);                                                                             \
-            if (dw || db) dweight_##S(dtype, c, dim, vocab, logits, h, hs, dw, db, threads);                      \
+            if (dw || db) dweight_##S(dtype, c, dim, vocab, logits, h, hrs, dw, db, threads);                     \
         }                                                                                                         \
         const ACC d = red == OPSMITH_CROSS_ENTROPY_REDUCTION_MEAN ? (ACC)denom : (ACC)1;                          \
         *(ACC *)loss = total / d;                                                                                 \
@@ -175,7 +162,7 @@ opsmith_status opsmith_fused_linear_cross_entropy_fwd_cpu(
     if (chunk > rows) chunk = rows > 0 ? rows : 1;
     char *ws = workspace;
     void *logits = ws + l.logits;
-    const int threads = opsmith_get_num_threads(), narrow = opsmith_dtype_size(dtype) == 2;
+    const int threads = opsmith_get_num_threads();
     const int grads = dhidden || dweight || dbias;
     const size_t size = opsmith_dtype_size(dtype);
     const int64_t hrs = hidden_row_stride;

@@ -192,6 +192,108 @@ void opsmith_cpu_gemm_tile(int f64, int *mr, int *nr) {
     *mr = tiles[f64 != 0][l][0], *nr = tiles[f64 != 0][l][1];
 }
 
+/* ---- bf16 x bf16 on AVX512-BF16 ------------------------------------------ */
+
+/* Both operands bf16 on a machine with VDPBF16PS: the micro-kernel takes k
+ * two at a time, the products exact in float and added pair by pair (the
+ * instruction's rounding; subnormals flushed), twice the multiply-adds of
+ * an FMA a cycle. The panels hold k in pairs: a[p/2][i][p%2], b[p/2][j][p%2]
+ * (an odd k's last pair padded with zero). An intrinsics kernel: gcc does
+ * not vectorize to this instruction. */
+#ifdef X86_PATHS
+#include <immintrin.h>
+#define ATTR_BF16 __attribute__((target("avx512f,avx512bf16")))
+#define MR_BF16 8
+#define NR_BF16 32
+
+static int has_bf16_dot(void) {
+    static int v = -1; /* a race writes the same value */
+    if (v < 0) v = isa_level() == 2 && __builtin_cpu_supports("avx512bf16");
+    return v;
+}
+
+/* the pair (x[0], x[1]) as one 32-bit word, x[0] in the low half (x86: little-endian) */
+static inline uint32_t pair_at(const uint16_t *x) {
+    uint32_t v;
+    memcpy(&v, x, 4);
+    return v;
+}
+
+static inline uint32_t pair_of(uint16_t lo, uint16_t hi) { return (uint32_t)lo | (uint32_t)hi << 16; }
+
+/* full panels (every row, even kc) along the unit stride; the rest element by element */
+NO_MEMCPY static void pack_a_pairs(uint16_t *restrict dst, const opsmith_gemm_operand *a, int64_t i0, int64_t p0,
+                                   int64_t mc, int64_t kc) {
+    const uint16_t *src = (const uint16_t *)a->p;
+    const int64_t kp = (kc + 1) & ~(int64_t)1, rs = a->rs, cs = a->cs;
+    for (int64_t ir = 0; ir < mc; ir += MR_BF16) {
+        uint16_t *restrict d = dst + ir * kp;
+        uint32_t *restrict d32 = (uint32_t *)(void *)d;
+        const int rows = mc - ir < MR_BF16 ? (int)(mc - ir) : MR_BF16;
+        if (rows == MR_BF16 && kp == kc && cs == 1) {
+            for (int i = 0; i < MR_BF16; i++) {
+                const uint16_t *row = src + (i0 + ir + i) * rs + p0;
+                for (int64_t q = 0; q < kc / 2; q++) d32[q * MR_BF16 + i] = pair_at(row + 2 * q);
+            }
+        } else if (rows == MR_BF16 && kp == kc && rs == 1) {
+            for (int64_t q = 0; q < kc / 2; q++) {
+                const uint16_t *x0 = src + (p0 + 2 * q) * cs + i0 + ir, *x1 = x0 + cs;
+                for (int i = 0; i < MR_BF16; i++) d32[q * MR_BF16 + i] = pair_of(x0[i], x1[i]);
+            }
+        } else {
+            for (int64_t p = 0; p < kp; p++)
+                for (int i = 0; i < MR_BF16; i++)
+                    d[(p >> 1) * 2 * MR_BF16 + 2 * i + (p & 1)] =
+                        i < rows && p < kc ? src[(i0 + ir + i) * rs + (p0 + p) * cs] : 0;
+        }
+    }
+}
+
+NO_MEMCPY static void pack_b_pairs(uint16_t *restrict dst, const opsmith_gemm_operand *b, int64_t p0, int64_t j0,
+                                   int64_t kc, int cols) {
+    const uint16_t *src = (const uint16_t *)b->p;
+    const int64_t kp = (kc + 1) & ~(int64_t)1, rs = b->rs, cs = b->cs;
+    uint32_t *restrict d32 = (uint32_t *)(void *)dst;
+    if (cols == NR_BF16 && kp == kc && rs == 1) {
+        for (int j = 0; j < NR_BF16; j++) {
+            const uint16_t *col = src + (j0 + j) * cs + p0;
+            for (int64_t q = 0; q < kc / 2; q++) d32[q * NR_BF16 + j] = pair_at(col + 2 * q);
+        }
+    } else if (cols == NR_BF16 && kp == kc && cs == 1) {
+        for (int64_t q = 0; q < kc / 2; q++) {
+            const uint16_t *x0 = src + (p0 + 2 * q) * rs + j0, *x1 = x0 + rs;
+            for (int j = 0; j < NR_BF16; j++) d32[q * NR_BF16 + j] = pair_of(x0[j], x1[j]);
+        }
+    } else {
+        for (int64_t p = 0; p < kp; p++)
+            for (int j = 0; j < NR_BF16; j++)
+                dst[(p >> 1) * 2 * NR_BF16 + 2 * j + (p & 1)] =
+                    j < cols && p < kc ? src[(p0 + p) * rs + (j0 + j) * cs] : 0;
+    }
+}
+
+/* c[i][j] (row stride ldc) = (first ? 0 : c[i][j]) + the kc2 pairs' products */
+ATTR_BF16 static void kernel_bf16(int64_t kc2, const uint16_t *restrict a, const uint16_t *restrict b,
+                                  float *restrict c, int64_t ldc, int first) {
+    __m512 acc[MR_BF16][2];
+    for (int i = 0; i < MR_BF16; i++)
+        for (int h = 0; h < 2; h++) acc[i][h] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(c + i * ldc + 16 * h);
+    for (int64_t p = 0; p < kc2; p++) {
+        const __m512bh b0 = (__m512bh)_mm512_loadu_si512(b + p * 2 * NR_BF16);
+        const __m512bh b1 = (__m512bh)_mm512_loadu_si512(b + p * 2 * NR_BF16 + 32);
+        for (int i = 0; i < MR_BF16; i++) {
+            int32_t pair;
+            memcpy(&pair, a + p * 2 * MR_BF16 + 2 * i, 4);
+            const __m512bh x = (__m512bh)_mm512_set1_epi32(pair);
+            acc[i][0] = _mm512_dpbf16_ps(acc[i][0], x, b0);
+            acc[i][1] = _mm512_dpbf16_ps(acc[i][1], x, b1);
+        }
+    }
+    for (int i = 0; i < MR_BF16; i++)
+        for (int h = 0; h < 2; h++) _mm512_storeu_ps(c + i * ldc + 16 * h, acc[i][h]);
+}
+#endif
+
 /* ---- the driver ----------------------------------------------------------- */
 
 #define DEFINE_GEMM(S, T, MC, SUFFIX)                                                                         \
@@ -230,6 +332,7 @@ void opsmith_cpu_gemm_tile(int f64, int *mr, int *nr) {
     void opsmith_cpu_gemm_##SUFFIX(int64_t m, int64_t n, int64_t k, opsmith_gemm_operand a,                   \
                                    opsmith_gemm_operand b, const opsmith_gemm_out *out, int threads) {        \
         if (m <= 0 || n <= 0) return;                                                                         \
+        BF16_DIVERT_##S                                                                                       \
         kernel_##S##_fn kernel = kernel_##S##_base;                                                           \
         int mr, nr;                                                                                           \
         opsmith_cpu_gemm_tile(sizeof(T) == 8, &mr, &nr);                                                      \
@@ -271,5 +374,47 @@ void opsmith_cpu_gemm_tile(int f64, int *mr, int *nr) {
 #define KERNEL_PICK_d
 #endif
 
+#ifdef X86_PATHS
+static void gemm_bf16(int64_t m, int64_t n, int64_t k, opsmith_gemm_operand a, opsmith_gemm_operand b,
+                      const opsmith_gemm_out *out, int threads);
+#define BF16_DIVERT_f                                                                                         \
+    if (a.dtype == OPSMITH_DTYPE_BF16 && b.dtype == OPSMITH_DTYPE_BF16 && has_bf16_dot()) {                   \
+        gemm_bf16(m, n, k, a, b, out, threads);                                                               \
+        return;                                                                                               \
+    }
+#else
+#define BF16_DIVERT_f
+#endif
+#define BF16_DIVERT_d
+
 DEFINE_GEMM(f, float, MC_F, f32)
 DEFINE_GEMM(d, double, MC_D, f64)
+
+#ifdef X86_PATHS
+/* opsmith_cpu_gemm_f32's driver with the bf16 pair panels and kernel */
+static void gemm_bf16(int64_t m, int64_t n, int64_t k, opsmith_gemm_operand a, opsmith_gemm_operand b,
+                      const opsmith_gemm_out *out, int threads) {
+    const int64_t tm = (m + MC_F - 1) / MC_F, tn = (n + NC - 1) / NC, tasks = tm * tn;
+    const double flops = 2.0 * (double)m * (double)n * (double)(k > 0 ? k : 1);
+    if (threads < 1) threads = 1;
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && flops > 2e6)
+    for (int64_t t = 0; t < tasks; t++) {
+        _Alignas(64) uint16_t abuf[MC_F * KC];
+        _Alignas(64) uint16_t bbuf[KC * NR_BF16];
+        _Alignas(64) float tile[MC_F * NC];
+        const int64_t i0 = (t % tm) * MC_F, j0 = (t / tm) * NC;
+        const int64_t mc = m - i0 < MC_F ? m - i0 : MC_F, nc = n - j0 < NC ? n - j0 : NC;
+        if (k <= 0) memset(tile, 0, sizeof tile);
+        for (int64_t p0 = 0; p0 < k; p0 += KC) {
+            const int64_t kc = k - p0 < KC ? k - p0 : KC, kp = (kc + 1) & ~(int64_t)1;
+            pack_a_pairs(abuf, &a, i0, p0, mc, kc);
+            for (int64_t jr = 0; jr < nc; jr += NR_BF16) {
+                pack_b_pairs(bbuf, &b, p0, j0 + jr, kc, nc - jr < NR_BF16 ? (int)(nc - jr) : NR_BF16);
+                for (int64_t ir = 0; ir < mc; ir += MR_BF16)
+                    kernel_bf16(kp / 2, abuf + ir * kp, bbuf, tile + ir * NC + jr, NC, p0 == 0);
+            }
+        }
+        epilogue_f(tile, i0, j0, mc, nc, out);
+    }
+}
+#endif

@@ -139,6 +139,17 @@ HARNESS_GROUP(test_cpu_gemm) {
                                    1.0, 0, 0};
                     run_case(&c, &rng);
                 }
+        /* bf16 x bf16 (the AVX512-BF16 pair kernel where the CPU has it): odd k, k one past a block */
+        if (!f64) {
+            const int64_t bm[] = {1, 9, 17, 145}, bn[] = {1, 31, 33, 385}, bk[] = {1, 2, 3, 129, 256};
+            for (size_t im = 0; im < 4; im++)
+                for (size_t in = 0; in < 4; in++)
+                    for (size_t ik = 0; ik < 5; ik++, count++) {
+                        gemm_case c = {bm[im], bn[in], bk[ik], count % 2, (count / 2) % 2, (count % 3) * 5,
+                                       OPSMITH_DTYPE_BF16, OPSMITH_DTYPE_F32, 1.0, 0, 0};
+                        run_case(&c, &rng);
+                    }
+        }
         /* the options, the 16-bit operands and outputs (float product only) */
         for (int opt = 0; opt < 12; opt++) {
             gemm_case c = {mr + 1 + opt, nr * 2 + 3, 131 + opt, opt % 2, (opt / 2) % 2, opt % 3, acc, acc,
