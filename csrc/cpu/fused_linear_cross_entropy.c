@@ -72,13 +72,14 @@ static void narrow_d(opsmith_dtype dtype, const double *src, int64_t n, double s
         GEMM(c, dim, vocab, a, b, &o, threads);                                                                   \
     }                                                                                                             \
                                                                                                                   \
-    /* dw (vocab, dim) += dl^T h (this chunk's sum, added once); db (vocab) += column sums of dl (a block of      \
-     * vocabulary a task, rows in order); either may be NULL */                                                   \
+    /* dw (vocab, dim; of dw_dtype) = [dw +] alpha (dl^T h) (the chunk's sum, added once); db (vocab) += column  \
+     * sums of dl (a block of vocabulary a task, rows in order); either may be NULL */                            \
     static void dweight_##S(opsmith_dtype dtype, int64_t c, int64_t dim, int64_t vocab, const void *dl,           \
-                            const void *h, int64_t hs, ACC *dw, ACC *db, int threads) {                           \
+                            const void *h, int64_t hs, void *dw, opsmith_dtype dw_dtype, ACC alpha, int add,      \
+                            ACC *db, int threads) {                                                               \
         if (dw) {                                                                                                 \
             const opsmith_gemm_operand a = {dl, dtype, 1, vocab}, b = {h, dtype, hs, 1};                          \
-            const opsmith_gemm_out o = {dw, ACC_DTYPE, dim, 1.0, NULL, ACC_DTYPE, 1};                             \
+            const opsmith_gemm_out o = {dw, dw_dtype, dim, (double)alpha, NULL, dw_dtype, add};                   \
             GEMM(vocab, dim, c, a, b, &o, threads);                                                               \
         }                                                                                                         \
         if (!db) return;                                                                                          \
@@ -95,14 +96,20 @@ static void narrow_d(opsmith_dtype dtype, const double *src, int64_t n, double s
         }                                                                                                         \
     }
 
+#define ACC_DTYPE_f OPSMITH_DTYPE_F32
+#define ACC_DTYPE_d OPSMITH_DTYPE_F64
 DEFINE_FLCE(f, float, OPSMITH_DTYPE_F32, opsmith_cpu_gemm_f32)
 DEFINE_FLCE(d, double, OPSMITH_DTYPE_F64, opsmith_cpu_gemm_f64)
 
 /* The forward over the chunks in ACC (S: f or d). */
 #define RUN_FLCE(S, ACC)                                                                                          \
     do {                                                                                                          \
-        ACC *dw = dweight ? (ACC *)(ws + l.dweight) : NULL, *db = dbias ? (ACC *)(ws + l.dbias) : NULL;           \
-        if (dw) memset(dw, 0, sizeof(ACC) * (size_t)vocab * (size_t)dim);                                         \
+        /* dweight itself accumulates when it holds ACC or there is one chunk (the mean's scale applied to each  \
+         * chunk's sum); else the ACC accumulator, narrowed with the scale at the end */                          \
+        const int dw_direct = opsmith_dtype_size(dtype) == sizeof(ACC) || chunk >= rows;                          \
+        void *dw = !dweight ? NULL : dw_direct ? dweight : (void *)(ws + l.dweight);                              \
+        const opsmith_dtype dw_dtype = dw_direct ? dtype : ACC_DTYPE_##S;                                         \
+        ACC *db = dbias ? (ACC *)(ws + l.dbias) : NULL;                                                           \
         if (db) memset(db, 0, sizeof(ACC) * (size_t)vocab);                                                       \
         ACC total = 0, z_total = 0;                                                                               \
         const ACC scale = red == OPSMITH_CROSS_ENTROPY_REDUCTION_MEAN ? (denom > 0 ? (ACC)1 / (ACC)denom : (ACC)0) \
@@ -122,12 +129,15 @@ DEFINE_FLCE(d, double, OPSMITH_DTYPE_F64, opsmith_cpu_gemm_f64)
             if (dhidden)                                                                                          \
                 dhidden_##S(dtype, c, dim, vocab, logits, weight, scale, (char *)dhidden + (size_t)r0 * dim * size, \
                             threads);                                                                             \
-            if (dw || db) dweight_##S(dtype, c, dim, vocab, logits, h, hrs, dw, db, threads);                     \
+            if (dw || db)                                                                                         \
+                dweight_##S(dtype, c, dim, vocab, logits, h, hrs, dw, dw_dtype, dw_direct ? scale : (ACC)1, r0 > 0,  \
+                            db, threads);                                                                         \
         }                                                                                                         \
         const ACC d = red == OPSMITH_CROSS_ENTROPY_REDUCTION_MEAN ? (ACC)denom : (ACC)1;                          \
         *(ACC *)loss = total / d;                                                                                 \
         if (z_out) *(ACC *)z_out = z_total / d;                                                                   \
-        if (dw) narrow_##S(dtype, dw, vocab * dim, scale, dweight);                                               \
+        if (dw && !dw_direct) narrow_##S(dtype, (const ACC *)dw, vocab * dim, scale, dweight);                    \
+        if (dw && rows == 0) memset(dweight, 0, size * (size_t)vocab * (size_t)dim);                              \
         if (db) narrow_##S(dtype, db, vocab, scale, dbias);                                                       \
     } while (0)
 
