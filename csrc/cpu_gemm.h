@@ -44,4 +44,9 @@ void opsmith_cpu_gemm_f64(int64_t m, int64_t n, int64_t k, opsmith_gemm_operand 
  * machine's path uses, for the tests' edge sizes. */
 void opsmith_cpu_gemm_tile(int f64, int *mr, int *nr);
 
+/* For the tests: use at most path `level` (0: SSE2, 1: AVX2 + FMA, 2:
+ * AVX-512, with the bf16 pair kernel where the CPU has it; < 0: whatever
+ * the CPU has). Returns the path now used. Not thread-safe. */
+int opsmith_cpu_gemm_cap_path(int level);
+
 #endif /* OPSMITH_CPU_GEMM_H */

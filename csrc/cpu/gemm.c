@@ -169,8 +169,10 @@ DEFINE_KERNEL(kernel_d_base, double, 4, 4, , MUL_ADD, )
 typedef void (*kernel_f_fn)(int64_t, const float *, const float *, float *, int64_t, int);
 typedef void (*kernel_d_fn)(int64_t, const double *, const double *, double *, int64_t, int);
 
-/* 2: AVX-512F + FMA, 1: AVX2 + FMA, 0: neither */
-static int isa_level(void) {
+/* 2: AVX-512F + FMA, 1: AVX2 + FMA, 0: neither; at most the tests' cap */
+static int path_cap = 2;
+
+static int cpu_level(void) {
 #ifdef X86_PATHS
     static int level = -1; /* a race writes the same value */
     if (level < 0) {
@@ -184,6 +186,16 @@ static int isa_level(void) {
 #else
     return 0;
 #endif
+}
+
+static int isa_level(void) {
+    const int l = cpu_level();
+    return l < path_cap ? l : path_cap;
+}
+
+int opsmith_cpu_gemm_cap_path(int level) {
+    path_cap = level < 0 ? 2 : level;
+    return isa_level();
 }
 
 void opsmith_cpu_gemm_tile(int f64, int *mr, int *nr) {
@@ -208,8 +220,8 @@ void opsmith_cpu_gemm_tile(int f64, int *mr, int *nr) {
 
 static int has_bf16_dot(void) {
     static int v = -1; /* a race writes the same value */
-    if (v < 0) v = isa_level() == 2 && __builtin_cpu_supports("avx512bf16");
-    return v;
+    if (v < 0) v = cpu_level() == 2 && __builtin_cpu_supports("avx512bf16");
+    return v && isa_level() == 2;
 }
 
 /* the pair (x[0], x[1]) as one 32-bit word, x[0] in the low half (x86: little-endian) */

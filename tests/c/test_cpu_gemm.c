@@ -2,7 +2,8 @@
  * the micro-tile and the cache blocks (1, 7, 17, MR +- 1, NR +- 1, k past a
  * KC block, m past MC, n past NC), either operand transposed or with rows
  * strided, 16-bit operands, every output option (scale, bias, accumulate,
- * 16-bit output). Outputs start poisoned (NaN) and the gaps between their
+ * 16-bit output), on every micro-kernel path the CPU can run (SSE2, AVX2,
+ * AVX-512, bf16 pairs). Outputs start poisoned (NaN) and the gaps between their
  * rows must stay so; results must not change with the thread count. */
 #include <math.h>
 #include <stdint.h>
@@ -119,8 +120,8 @@ static void run_case(const gemm_case *c, test_rng *rng) {
     free(am), free(bm), free(bias), free(init);
 }
 
-HARNESS_GROUP(test_cpu_gemm) {
-    test_rng rng = {0x6E33ull};
+/* the sizes and options on the path in use */
+static void sweep(test_rng *rng) {
     for (int f64 = 0; f64 < 2; f64++) {
         int mr, nr;
         opsmith_cpu_gemm_tile(f64, &mr, &nr);
@@ -137,7 +138,7 @@ HARNESS_GROUP(test_cpu_gemm) {
                     if (ms[im] * ns[in] * ks[ik] > 4000000) continue;
                     gemm_case c = {ms[im], ns[in], ks[ik], count % 2, (count / 2) % 2, (count % 3) * 5, acc, acc,
                                    1.0, 0, 0};
-                    run_case(&c, &rng);
+                    run_case(&c, rng);
                 }
         /* bf16 x bf16 (the AVX512-BF16 pair kernel where the CPU has it): odd k, k one past a block */
         if (!f64) {
@@ -147,7 +148,7 @@ HARNESS_GROUP(test_cpu_gemm) {
                     for (size_t ik = 0; ik < 5; ik++, count++) {
                         gemm_case c = {bm[im], bn[in], bk[ik], count % 2, (count / 2) % 2, (count % 3) * 5,
                                        OPSMITH_DTYPE_BF16, OPSMITH_DTYPE_F32, 1.0, 0, 0};
-                        run_case(&c, &rng);
+                        run_case(&c, rng);
                     }
         }
         /* the options, the 16-bit operands and outputs (float product only) */
@@ -158,7 +159,18 @@ HARNESS_GROUP(test_cpu_gemm) {
                 static const opsmith_dtype dts[] = {OPSMITH_DTYPE_F32, OPSMITH_DTYPE_BF16, OPSMITH_DTYPE_F16};
                 c.in_dt = dts[opt % 3], c.out_dt = dts[(opt / 3) % 3];
             }
-            run_case(&c, &rng);
+            run_case(&c, rng);
         }
     }
+}
+
+/* every path this CPU can run: SSE2, AVX2 + FMA, AVX-512 (+ bf16 pairs) */
+HARNESS_GROUP(test_cpu_gemm) {
+    test_rng rng = {0x6E33ull};
+    const int top = opsmith_cpu_gemm_cap_path(-1);
+    for (int level = 0; level <= top; level++) {
+        CHECK(opsmith_cpu_gemm_cap_path(level) == level, "gemm: path %d not taken", level);
+        sweep(&rng);
+    }
+    opsmith_cpu_gemm_cap_path(-1);
 }
