@@ -10,8 +10,11 @@
  *
  * Deterministic: every output element is one chain of multiply-adds over k
  * in order, owned by one thread, so results do not depend on the thread
- * count (they may differ in the last bit between an FMA machine and one
- * without). */
+ * count. They may differ in the last bits between machines: FMA or not, and
+ * bf16 x bf16 taken in pairs of k (VDPBF16PS) on AVX512-BF16 CPUs.
+ *
+ * The pack buffers and a task's output tile live on the calling (OpenMP)
+ * thread's stack: about 320 KiB. */
 #ifndef OPSMITH_CPU_GEMM_H
 #define OPSMITH_CPU_GEMM_H
 
