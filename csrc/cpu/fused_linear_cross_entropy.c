@@ -6,10 +6,9 @@
  * output element is one owner's fixed-order sum, and the chunks run in
  * order, so results do not depend on the thread count. 16-bit operands are
  * widened by the GEMM as it packs them (bf16 pairs multiplied directly on
- * AVX512-BF16 CPUs), so the layout's widened-copy regions (wf, hf) and dh
- * go unused here; products and accumulators in the accumulate type (float;
- * double for f64). The mean's scale is applied when the
- * gradients are stored. Formulas in include/opsmith/fused_linear_cross_entropy.h. */
+ * AVX512-BF16 CPUs): no widened copies; products and accumulators in the
+ * accumulate type (float; double for f64). The mean's scale is applied when
+ * the gradients are stored. Formulas in include/opsmith/fused_linear_cross_entropy.h. */
 #include <math.h>
 #include <string.h>
 

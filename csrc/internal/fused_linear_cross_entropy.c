@@ -40,9 +40,6 @@ opsmith_flce_layout opsmith_internal_flce_layout(opsmith_dtype dtype, int64_t ro
         l.ce_bytes = opsmith_cross_entropy_fwd_workspace_size(dtype, chunk);
         TAKE(logits, C * V * size);
         TAKE(ce, l.ce_bytes);
-        if (narrow) TAKE(wf, V * D * acc);
-        if (narrow) TAKE(hf, C * D * acc);
-        TAKE(dh, C * D * acc);
         TAKE(dweight, V * D * acc);
         TAKE(dbias, V * acc);
     }

@@ -20,7 +20,7 @@ extern "C" {
  *       16-bit only), hf (a chunk of hidden in A, 16-bit only), dh (chunk,
  *       dim; A), dweight (vocab, dim; A), dbias (vocab, A). */
 typedef struct opsmith_flce_layout {
-    size_t loss_rows, z_rows, denom_wsum, logits, dweight32, dbias, lt, ce, wf, hf, dh, dweight, total;
+    size_t loss_rows, z_rows, denom_wsum, logits, dweight32, dbias, lt, ce, dweight, total;
     size_t ce_bytes;
 } opsmith_flce_layout;
 
