@@ -12,7 +12,6 @@ products, 6 N D V. Usage:
     python bench/flce_cpu.py [--threads 1 2] [--dtypes f32 bf16] [--shapes demo ...] [--out DIR]
 writes DIR/results.json and DIR/table.md when --out is given."""
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -25,6 +24,7 @@ import torch.nn.functional as F
 # OPSMITH_ROOT: another checkout to measure (e.g. the one before a change)
 sys.path.insert(0, os.environ.get("OPSMITH_ROOT", os.path.join(os.path.dirname(__file__), "..")))
 import opsmith  # noqa: E402
+from opsmith.cpu_bench import machine, write_results  # noqa: E402
 
 SHAPES = {"demo": (1024, 128, 256), "32k": (1024, 1024, 32000), "128k": (256, 2048, 128256)}
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
@@ -88,20 +88,14 @@ def main():
                              f"{row['ours_gflops']:.1f} | {row['eager_ms']:.1f} | {row['eager_gflops']:.1f} | "
                              f"{row['ratio']:.2f}x |")
                 print(lines[-1], flush=True)
-    meta = {"torch": torch.__version__, "load_average": os.getloadavg()[0], "opsmith": opsmith.__file__}
+    meta = {"torch": torch.__version__, "opsmith": opsmith.__file__, **machine()}
     try:
         meta["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                         cwd=os.path.dirname(opsmith.__file__)).stdout.strip()
     except OSError:
         pass
-    with open("/proc/cpuinfo") as f:
-        meta["cpu"] = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "?")
     if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "results.json"), "w") as f:
-            json.dump({"meta": meta, "rows": rows}, f, indent=1)
-        with open(os.path.join(args.out, "table.md"), "w") as f:
-            f.write("\n".join(lines) + "\n")
+        write_results(args.out, meta, rows, lines)
 
 
 if __name__ == "__main__":

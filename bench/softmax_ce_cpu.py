@@ -7,12 +7,10 @@ eager provider). Usage:
     python bench/softmax_ce_cpu.py [--threads 1 2] [--out DIR]
 writes DIR/results.json and DIR/table.md when --out is given."""
 import argparse
-import json
-import os
 
 import torch
 
-from opsmith.cpu_bench import OURS, baseline_of, measure_pair
+from opsmith.cpu_bench import OURS, baseline_of, machine, measure_pair, write_results
 from opsmith.specs import load_specs
 
 SHAPES = {"softmax": [(256, 4096), (256, 32000)], "cross_entropy": [(256, 32000), (64, 128256)]}
@@ -47,15 +45,9 @@ def main():
                         lines.append(f"| {op} | {row['direction']} | {dname} | {r}x{n} | {threads} | "
                                      f"{row['ours_us']:.0f} | {row['eager_us']:.0f} | {row['speedup']:.2f}x |")
                         print(lines[-1], flush=True)
-    meta = {"torch": torch.__version__, "load_average": os.getloadavg()[0]}
-    with open("/proc/cpuinfo") as f:
-        meta["cpu"] = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "?")
+    meta = {"torch": torch.__version__, **machine()}
     if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "results.json"), "w") as f:
-            json.dump({"meta": meta, "rows": rows}, f, indent=1)
-        with open(os.path.join(args.out, "table.md"), "w") as f:
-            f.write("\n".join(lines) + "\n")
+        write_results(args.out, meta, rows, lines)
 
 
 if __name__ == "__main__":

@@ -20,15 +20,14 @@
 
 #include "convert.h"
 
-static inline float opsmith_exp_f32(float x) {
-    float c = x > 88.75f ? 88.75f : x;
-    c = c < -104.0f ? -104.0f : c;
+/* For c already clamped: e^r of the reduction c = k ln2 + r, and in *t the
+ * shifter sum whose low mantissa bits hold k. */
+static inline float opsmith_exp_reduced_f32(float c, float *t_out) {
     /* round c / ln2 to an integer through the 1.5 * 2^23 shifter: t's low
      * mantissa bits then hold k itself (no float-to-int conversion, which
      * for NaN would be undefined) */
     const float t = c * 1.44269504088896341f + 12582912.0f;
     const float kf = t - 12582912.0f;
-    const int32_t k = (int32_t)(opsmith_f32_bits(t) - 0x4b400000u);
     /* ln2 in two parts, the first with few enough bits that kf * it is exact */
     const float r = (c - kf * 0.693145751953125f) - kf * 1.428606765330187e-06f;
     float q = 1.381461159e-03f;
@@ -36,7 +35,16 @@ static inline float opsmith_exp_f32(float x) {
     q = q * r + 4.166838899e-02f;
     q = q * r + 1.666652113e-01f;
     q = q * r + 4.999999404e-01f;
-    const float p = 1.0f + (r + r * r * q);
+    *t_out = t;
+    return 1.0f + (r + r * r * q);
+}
+
+static inline float opsmith_exp_f32(float x) {
+    float c = x > 88.75f ? 88.75f : x;
+    c = c < -104.0f ? -104.0f : c;
+    float t;
+    const float p = opsmith_exp_reduced_f32(c, &t);
+    const int32_t k = (int32_t)(opsmith_f32_bits(t) - 0x4b400000u);
     /* 2^k = 2^h 2^(k - h), each factor a normal float for k in [-150, 128] */
     const int32_t h = k >> 1;
     const float s1 = opsmith_f32_from_bits((uint32_t)(h + 127) << 23);
@@ -46,21 +54,13 @@ static inline float opsmith_exp_f32(float x) {
 
 /* e^x for x <= 0 or NaN (x - max in softmax and cross-entropy):
  * opsmith_exp_f32's reduction and polynomial (the same bits wherever e^x
- * is a normal float), with 2^k one
- * factor: x is clamped at -88, where k = -127 and 2^k's bits are 0, so results
- * below FLT_MIN (2^-126; e^x < 1.2e-38) are 0 instead of subnormal, -inf
- * gives exactly 0, and no upper clamp is needed. NaN stays NaN. */
+ * is a normal float), with 2^k one factor: x is clamped at -88, where
+ * k = -127 and 2^k's bits are 0, so results below FLT_MIN (2^-126; e^x <
+ * 1.2e-38) are 0 instead of subnormal, -inf gives exactly 0, and no upper
+ * clamp is needed. NaN stays NaN. */
 static inline float opsmith_exp_nonpos_f32(float x) {
-    const float c = x < -88.0f ? -88.0f : x;
-    const float t = c * 1.44269504088896341f + 12582912.0f;
-    const float kf = t - 12582912.0f;
-    const float r = (c - kf * 0.693145751953125f) - kf * 1.428606765330187e-06f;
-    float q = 1.381461159e-03f;
-    q = q * r + 8.368710056e-03f;
-    q = q * r + 4.166838899e-02f;
-    q = q * r + 1.666652113e-01f;
-    q = q * r + 4.999999404e-01f;
-    const float p = 1.0f + (r + r * r * q);
+    float t;
+    const float p = opsmith_exp_reduced_f32(x < -88.0f ? -88.0f : x, &t);
     /* t's low mantissa bits hold k (the 1.5 * 2^23 shifter); shifted up 23 the
      * shifter's own bits fall off the top: (k + 127) << 23, 0 for k = -127 */
     return p * opsmith_f32_from_bits((opsmith_f32_bits(t) << 23) + (127u << 23));

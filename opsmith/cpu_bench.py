@@ -92,6 +92,27 @@ def table(results) -> str:
     return "\n".join(lines)
 
 
+def machine() -> dict:
+    """The CPU's model name and the load average now (where /proc and os say)."""
+    meta = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            meta["cpu"] = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+        meta["load_average"] = os.getloadavg()[0]
+    except (OSError, StopIteration):
+        pass
+    return meta
+
+
+def write_results(out_dir: str, meta: dict, rows: list, lines: List[str]) -> None:
+    """out_dir/results.json ({"meta", "rows"}) and out_dir/table.md (lines)."""
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "results.json"), "w") as f:
+        json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    with open(os.path.join(out_dir, "table.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
 def run(ops: Optional[List[str]], quick: bool, out_dir: str, dtypes: Optional[List[str]] = None) -> int:
     specs = [s for s in load_specs() if s.bench is not None and (not ops or s.name in ops)]
     shapes = QUICK_SHAPES if quick else CPU_SHAPES
@@ -106,12 +127,7 @@ def run(ops: Optional[List[str]], quick: bool, out_dir: str, dtypes: Optional[Li
         "batch_s": BATCH_S,
         "quick": quick,
     }
-    try:
-        with open("/proc/cpuinfo") as f:
-            meta["cpu"] = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-        meta["load_average"] = os.getloadavg()[0]
-    except (OSError, StopIteration):
-        pass
+    meta.update(machine())
     rows = []
     for spec in specs:
         eager = baseline_of(spec.bench)
@@ -128,12 +144,7 @@ def run(ops: Optional[List[str]], quick: bool, out_dir: str, dtypes: Optional[Li
                     print(f"{spec.name:12} {rows[-1]['direction']:8} {dname:5} {r}x{n}: opsmith "
                           f"{rows[-1]['ours_us']:10.1f} us, {eager} {rows[-1]['eager_us']:10.1f} us, "
                           f"{rows[-1]['speedup']:.2f}x", flush=True)
-    results = {"meta": meta, "rows": rows}
-    os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, "results.json"), "w") as f:
-        json.dump(results, f, indent=1)
-    text = table(results) if rows else "no op with a CPU baseline"
-    with open(os.path.join(out_dir, "table.md"), "w") as f:
-        f.write(text + "\n")
+    text = table({"meta": meta, "rows": rows}) if rows else "no op with a CPU baseline"
+    write_results(out_dir, meta, rows, [text])
     print(text)
     return 0
