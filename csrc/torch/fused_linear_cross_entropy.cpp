@@ -12,6 +12,7 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -32,9 +33,13 @@ namespace {
 
 constexpr const char *kOp = "fused_linear_cross_entropy";
 // the extra memory a call may take on the GPU: the chunk of logits, and a
-// float32 dweight accumulator where it fits beside it
+// float32 dweight accumulator where it fits beside it; each at most a
+// quarter of what the device has free at the call (device_free_bytes), so a
+// nearly full device gets smaller chunks (down to one token) rather than an
+// out-of-memory error
 constexpr size_t kBudget = size_t(1) << 30;
 constexpr size_t kChunkBudget = size_t(512) << 20;
+constexpr size_t kMinChunkBudget = size_t(16) << 20;
 
 struct Checked {
     opsmith_dtype dtype;
@@ -102,11 +107,13 @@ fused_linear_cross_entropy_fwd(const at::Tensor &hidden, const at::Tensor &weigh
     at::Tensor error = at::zeros({OPSMITH_CROSS_ENTROPY_ERROR_COUNT}, opts.dtype(at::kLong));
     const bool cuda = hidden.is_cuda();
     const size_t size = hidden.element_size();
+    const size_t quarter_free = device_free_bytes(hidden) / 4;
+    const size_t chunk_budget = std::max(kMinChunkBudget, std::min(kChunkBudget, quarter_free));
     const int64_t chunk =
-        chunk_size > 0 ? chunk_size : opsmith_fused_linear_cross_entropy_chunk_rows(c.dtype, N, V, kChunkBudget);
+        chunk_size > 0 ? chunk_size : opsmith_fused_linear_cross_entropy_chunk_rows(c.dtype, N, V, chunk_budget);
     const int64_t cmin = chunk < N ? chunk : (N > 0 ? N : 1);
     const int fp32_dw = cuda && grad_weight && size == 2 &&
-                        (size_t)V * D * 4 + (size_t)cmin * V * size <= kBudget;
+                        (size_t)V * D * 4 + (size_t)cmin * V * size <= std::min(kBudget, 2 * quarter_free);
     const size_t wb = opsmith_fused_linear_cross_entropy_workspace_size(c.dtype, N, D, V, chunk, fp32_dw, cuda);
     at::Tensor ws = workspace(wb, hidden);
     const void *x = N ? c.h.data() : nullptr;

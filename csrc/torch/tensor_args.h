@@ -13,6 +13,7 @@
 
 #if OPSMITH_WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #endif
 
@@ -134,5 +135,27 @@ inline at::Tensor workspace(size_t bytes, const at::Tensor &like) {
 }
 
 inline void *data_or_null(at::Tensor &t) { return t.numel() ? t.data_ptr() : nullptr; }
+
+// What a call may still take on like's device without the allocator growing
+// past the device: the driver's free memory plus what PyTorch's caching
+// allocator holds reserved but unused. SIZE_MAX on the CPU (or when the
+// driver cannot say). A host query: no stream work, no synchronisation.
+inline size_t device_free_bytes(const at::Tensor &like) {
+#if OPSMITH_WITH_CUDA
+    if (like.is_cuda()) {
+        size_t free_bytes = 0, total_bytes = 0;
+        if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) {
+            (void)cudaGetLastError();
+            return SIZE_MAX;
+        }
+        const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(like.device().index());
+        const auto all = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+        const int64_t cached = stats.reserved_bytes[all].current - stats.allocated_bytes[all].current;
+        return free_bytes + (cached > 0 ? (size_t)cached : 0);
+    }
+#endif
+    (void)like;
+    return SIZE_MAX;
+}
 
 } // namespace opsmith
