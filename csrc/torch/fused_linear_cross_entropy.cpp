@@ -34,9 +34,9 @@ namespace {
 constexpr const char *kOp = "fused_linear_cross_entropy";
 // the extra memory a call may take on the GPU: the chunk of logits, and a
 // float32 dweight accumulator where it fits beside it; each at most a
-// quarter of what the device has free at the call (device_free_bytes), so a
-// nearly full device gets smaller chunks (down to one token) rather than an
-// out-of-memory error
+// quarter of what the device has free at the call (device_free_bytes: its
+// memory less PyTorch's live tensors), so a nearly full device gets smaller
+// chunks rather than an out-of-memory error
 constexpr size_t kBudget = size_t(1) << 30;
 constexpr size_t kChunkBudget = size_t(512) << 20;
 constexpr size_t kMinChunkBudget = size_t(16) << 20;

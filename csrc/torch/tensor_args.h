@@ -6,6 +6,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <string>
 
@@ -136,22 +137,20 @@ inline at::Tensor workspace(size_t bytes, const at::Tensor &like) {
 
 inline void *data_or_null(at::Tensor &t) { return t.numel() ? t.data_ptr() : nullptr; }
 
-// What a call may still take on like's device without the allocator growing
-// past the device: the driver's free memory plus what PyTorch's caching
-// allocator holds reserved but unused. SIZE_MAX on the CPU (or when the
-// driver cannot say). A host query: no stream work, no synchronisation.
+// What a call may still take on like's device: its memory less what
+// PyTorch's tensors hold there (the caching allocator's live bytes; blocks
+// it caches unused count as free). Host bookkeeping only: no driver call,
+// so it is safe inside a CUDA-graph capture and never synchronises; memory
+// other processes hold is not seen. SIZE_MAX on the CPU.
 inline size_t device_free_bytes(const at::Tensor &like) {
 #if OPSMITH_WITH_CUDA
     if (like.is_cuda()) {
-        size_t free_bytes = 0, total_bytes = 0;
-        if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) {
-            (void)cudaGetLastError();
-            return SIZE_MAX;
-        }
-        const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(like.device().index());
+        const auto index = like.device().index();
+        const size_t total = at::cuda::getDeviceProperties(index)->totalGlobalMem;
+        const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(index);
         const auto all = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
-        const int64_t cached = stats.reserved_bytes[all].current - stats.allocated_bytes[all].current;
-        return free_bytes + (cached > 0 ? (size_t)cached : 0);
+        const size_t live = (size_t)std::max<int64_t>(0, stats.allocated_bytes[all].current);
+        return live < total ? total - live : 0;
     }
 #endif
     (void)like;

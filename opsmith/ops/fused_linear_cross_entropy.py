@@ -79,11 +79,12 @@ def fused_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targe
     ``label_smoothing``, ``z_loss``, ``softcap``; ``reduction`` "mean" or
     "sum"). ``chunk_size``: tokens per chunk of logits (None: chosen from
     the vocabulary size, about 512 MiB of logits on the GPU, less when a
-    quarter of the device's free memory is less; the weight gradient's
-    rounding follows the chunking, so set it for bitwise-repeatable
-    gradients on a device whose free memory varies). Out-of-range
-    targets: IndexError on the CPU; on CUDA a NaN loss and a device-side flag,
-    raised (one host synchronisation) with ``validate=True``."""
+    quarter of the device memory PyTorch's tensors leave free is less; the
+    weight gradient's rounding follows the chunking, so set it for
+    bitwise-repeatable gradients on a device whose free memory varies).
+    Out-of-range targets: IndexError on the CPU; on CUDA a NaN loss and a
+    device-side flag, raised (one host synchronisation) with
+    ``validate=True``."""
     red = _reduction(reduction)
     cap = _softcap(softcap)
     chunk = _chunk(chunk_size)
