@@ -60,6 +60,16 @@ prep_kernel(int64_t rows, int64_t n, const int64_t *__restrict__ tg, int64_t ts,
     if (threadIdx.x == 0) dw[0] = d, dw[1] = ww;
 }
 
+/* N logits (a pack, or one element) starting at column c, softcapped, into
+ * the row's statistics, and their weighted sum into wy when smoothing */
+template <typename A, int N>
+__device__ __forceinline__ void add_logits(A (&y)[N], int64_t c, const A *w, bool smooth, RowStat<A> &st, A &wy) {
+    st.add(y);
+    if (smooth)
+#pragma unroll
+        for (int k = 0; k < N; k++) wy += (w ? w[c + k] : A(1)) * y[k];
+}
+
 /* What a row's threads share once its statistics are final: the loss
  * (written by one thread) and each element's gradient of the reduced loss. */
 template <typename A> struct RowGrad {
@@ -140,16 +150,13 @@ __global__ void rows_kernel(int64_t rows, int64_t n, const T *x, int64_t xs, con
             A y[V];
 #pragma unroll
             for (int k = 0; k < V; k++) y[k] = capped(to_acc(p.v[k]), o);
-            st.add(y);
-            if (smooth)
-#pragma unroll
-                for (int k = 0; k < V; k++) wy += (w ? w[i + k] : A(1)) * y[k];
+            add_logits(y, i, w, smooth, st, wy);
         }
     }
     for (int64_t i = body + threadIdx.x; i < n; i += blockDim.x) {
         const A y = capped(to_acc(xr[i]), o);
-        st.add1(y);
-        if (smooth) wy += (w ? w[i] : A(1)) * y;
+        A one[1] = {y};
+        add_logits(one, i, w, smooth, st, wy);
     }
     st.block_merge(scratch);
     if (smooth) wy = block_sum(wy, scratch);
@@ -213,22 +220,16 @@ rows_slice_kernel(int64_t rows, int64_t n, const T *x, int64_t xs, const int64_t
 
     RowStat<A> st;
     A wy = 0;
-    cp_async_wait<1>(); /* the first half of this thread's packs (slice_load) */
-    int64_t it = 0;
-    for (int64_t j = p0 + threadIdx.x; j < p1; j += blockDim.x, it++) {
-        if (it == half) cp_async_wait<0>(); /* the rest */
+    for_loaded_packs(p0, p1, half, [&](int64_t j) {
         const Pack<T> p = buf[j - p0];
         A y[V];
 #pragma unroll
         for (int k = 0; k < V; k++) y[k] = capped(to_acc(p.v[k]), o);
-        st.add(y);
-        if (smooth)
-#pragma unroll
-            for (int k = 0; k < V; k++) wy += (w ? w[j * V + k] : A(1)) * y[k];
-    }
+        add_logits(y, j * V, w, smooth, st, wy);
+    });
     if (tail) {
-        st.add1(y_tail);
-        if (smooth) wy += (w ? w[ti] : A(1)) * y_tail;
+        A one[1] = {y_tail};
+        add_logits(one, ti, w, smooth, st, wy);
     }
     st.block_merge(scratch);
     if (smooth) wy = block_sum(wy, scratch);

@@ -269,6 +269,19 @@ __device__ __forceinline__ int64_t slice_load(Pack<T> *const (&bufs)[TENSORS], c
     return half;
 }
 
+/* f(j) for this thread's packs j of [p0, p1), as slice_load issued them,
+ * each once its cp.async group has landed: the first `half` after the
+ * first group, the rest after the second. */
+template <typename F>
+__device__ __forceinline__ void for_loaded_packs(int64_t p0, int64_t p1, int64_t half, F f) {
+    cp_async_wait<1>();
+    int64_t it = 0;
+    for (int64_t j = p0 + threadIdx.x; j < p1; j += blockDim.x, it++) {
+        if (it == half) cp_async_wait<0>();
+        f(j);
+    }
+}
+
 /* kernels[i] is the kernel for clusters of 1 << i CTAs (i < 4). grid == 0:
  * no on-chip plan (take the streaming kernel). */
 inline Launch slice_launch(const void *const kernels[4], int64_t rows, int64_t packs, int tensors) {

@@ -80,16 +80,13 @@ fwd_slice_kernel(int64_t n, const T *x, int64_t xs, bool lg, T *y, int64_t ys) {
     const bool tail = rank == CTAS - 1 && ti < n;
     const A x_tail = tail ? to_acc(xr[ti]) : A(0);
     RowStat<A> st;
-    cp_async_wait<1>(); /* the first half of this thread's packs (slice_load) */
-    int64_t it = 0;
-    for (int64_t j = p0 + threadIdx.x; j < p1; j += blockDim.x, it++) {
-        if (it == half) cp_async_wait<0>(); /* the rest */
+    for_loaded_packs(p0, p1, half, [&](int64_t j) {
         const Pack<T> p = buf[j - p0];
         A v[V];
 #pragma unroll
         for (int k = 0; k < V; k++) v[k] = to_acc(p.v[k]);
         st.add(v);
-    }
+    });
     if (tail) st.add1(x_tail);
     st.block_merge(scratch);
     if constexpr (CTAS > 1) {
@@ -173,14 +170,11 @@ bwd_slice_kernel(int64_t n, const T *g, int64_t gs, const T *__restrict__ y, int
     const bool tail = rank == CTAS - 1 && ti < n;
     const A g_tail = tail ? to_acc(gr[ti]) : A(0), y_tail = tail ? to_acc(yr[ti]) : A(0);
     A s = tail ? (lg ? g_tail : g_tail * y_tail) : A(0);
-    cp_async_wait<1>(); /* the first half of this thread's packs (slice_load) */
-    int64_t it = 0;
-    for (int64_t j = p0 + threadIdx.x; j < p1; j += blockDim.x, it++) {
-        if (it == half) cp_async_wait<0>(); /* the rest */
+    for_loaded_packs(p0, p1, half, [&](int64_t j) {
         const Pack<T> pg = gb[j - p0], py = yb[j - p0];
 #pragma unroll
         for (int k = 0; k < V; k++) s += lg ? to_acc(pg.v[k]) : to_acc(pg.v[k]) * to_acc(py.v[k]);
-    }
+    });
     s = block_sum(s, scratch);
     if constexpr (CTAS > 1) {
         if (threadIdx.x == 0) part[0] = s;

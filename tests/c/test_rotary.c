@@ -401,6 +401,19 @@ static void test_reference_transpose(void) {
     }
 }
 
+/* one case of the shape tables: batch, sequence, q and k heads, head dim,
+ * rotary dim, layout, cos/sin form, offset */
+typedef struct {
+    int64_t B, S, Hq, Hk, D, R;
+    int layout, cs, off;
+} rotary_shape;
+
+static rcase case_of(opsmith_dtype dt, opsmith_dtype cs_dt, int style, const rotary_shape *h) {
+    const rcase c = {dt, cs_dt, (opsmith_rotary_style)style, h->B, h->S, h->Hq, h->Hk, h->D, h->R,
+                     h->layout, h->cs, h->off};
+    return c;
+}
+
 HARNESS_GROUP(test_rotary) {
     const int cuda = cuda_begin();
     test_reference_transpose();
@@ -408,7 +421,7 @@ HARNESS_GROUP(test_rotary) {
     /* (B, S, Hq, Hk, D, R, layout, cs, off): full and partial rotary, head
      * dims the 16-byte packs fit and odd ones, GQA and MHA, no k, decode
      * (S = 1), widths past the CPU's tile of 128 pairs */
-    const struct { int64_t B, S, Hq, Hk, D, R; int layout, cs, off; } shapes[] = {
+    const rotary_shape shapes[] = {
         {2, 5, 4, 2, 64, 64, LAYOUT_BHSD, CS_PER_ROW, 0},   {2, 5, 4, 2, 64, 64, LAYOUT_BSHD, CS_SHARED, 0},
         {2, 7, 4, 1, 32, 16, LAYOUT_FUSED, CS_CACHE, 0},    {3, 3, 3, 3, 16, 16, LAYOUT_FUSED, CS_PER_ROW, 0},
         {1, 4, 2, 0, 128, 128, LAYOUT_BSHD, CS_CACHE, 0},   {2, 3, 5, 1, 20, 12, LAYOUT_PADDED, CS_PER_ROW, 1},
@@ -425,7 +438,7 @@ HARNESS_GROUP(test_rotary) {
      * prime sequence lengths; partial rotary with the pass-through copied as
      * 16-byte packs, and (pad8 layout, 16-bit types) element by element
      * beside 16-byte rotation packs; the scalar kernel (odd strides) */
-    const struct { int64_t B, S, Hq, Hk, D, R; int layout, cs, off; } cuda_shapes[] = {
+    const rotary_shape cuda_shapes[] = {
         {2, 37, 32, 8, 128, 128, LAYOUT_BHSD, CS_PER_ROW, 0}, {1, 19, 32, 8, 64, 64, LAYOUT_BSHD, CS_SHARED, 0},
         {2, 9, 16, 4, 256, 256, LAYOUT_FUSED, CS_CACHE, 0},   {3, 1, 32, 8, 128, 128, LAYOUT_BHSD, CS_CACHE, 0},
         {1, 33, 12, 4, 128, 64, LAYOUT_BSHD, CS_PER_ROW, 0},  {2, 5, 5, 2, 76, 64, LAYOUT_PAD8, CS_PER_ROW, 0},
@@ -446,9 +459,7 @@ HARNESS_GROUP(test_rotary) {
             for (int style = 0; style < 2; style++) {
                 test_rng rng = {0x5EEDull * (uint64_t)(di + 1) + 31u * (uint64_t)style + 7u * (uint64_t)fcs};
                 for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
-                    const rcase c = {dt, fcs ? OPSMITH_DTYPE_F32 : dt, (opsmith_rotary_style)style, shapes[k].B,
-                                     shapes[k].S, shapes[k].Hq, shapes[k].Hk, shapes[k].D, shapes[k].R,
-                                     shapes[k].layout, shapes[k].cs, shapes[k].off};
+                    const rcase c = case_of(dt, fcs ? OPSMITH_DTYPE_F32 : dt, style, &shapes[k]);
                     rdata d;
                     data_init(&d, &c, &rng);
                     run_cpu(&c, &d);
@@ -463,9 +474,7 @@ HARNESS_GROUP(test_rotary) {
                         if (cuda == 0) harness_skip(1);
                         continue;
                     }
-                    const rcase c = {dt, fcs ? OPSMITH_DTYPE_F32 : dt, (opsmith_rotary_style)style, cuda_shapes[k].B,
-                                     cuda_shapes[k].S, cuda_shapes[k].Hq, cuda_shapes[k].Hk, cuda_shapes[k].D,
-                                     cuda_shapes[k].R, cuda_shapes[k].layout, cuda_shapes[k].cs, cuda_shapes[k].off};
+                    const rcase c = case_of(dt, fcs ? OPSMITH_DTYPE_F32 : dt, style, &cuda_shapes[k]);
                     rdata d;
                     data_init(&d, &c, &rng);
                     run_cuda(&c, &d);
