@@ -414,6 +414,29 @@ def test_cuda_graph_capture(dtype):
     assert torch.equal(loss, ref) and torch.equal(gx, gref)
 
 
+@CUDA
+@pytest.mark.parametrize("z_loss", [0.0, 1e-4])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_cuda_extra_memory(z_loss, weighted):
+    # beyond the logits and their gradient, a training step holds one float32
+    # a row (two with a z-loss) and a few scalars (loss, z-loss, error flag)
+    rows, n = 4096, 32000
+    x, t, w = make(rows, n, torch.bfloat16, "cuda")
+    w = w if weighted else None
+    logits = x.requires_grad_()
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    loss = cross_entropy(logits, t, w, z_loss=z_loss)
+    loss.backward()
+    torch.cuda.synchronize()
+    extra = torch.cuda.max_memory_allocated() - base - logits.grad.numel() * logits.grad.element_size()
+    # weight is converted to float32 once (n values), as PyTorch keeps it
+    allowed = rows * 4 * (2 if z_loss else 1) + (n * 4 if weighted else 0) + 4096
+    assert extra <= allowed, f"extra memory {extra} B > {allowed} B ({extra / rows:.1f} B/row)"
+    assert torch.isfinite(loss) and logits.grad.abs().sum() > 0
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_route_a_equals_route_b(device, dtype):

@@ -126,7 +126,7 @@ static inline void exp_block_f64(double *v, int64_t n) {
      * loads and exponentials where the general path makes three. coef is     \
      * coef0 + z2 lse (the z-loss term needs lse). Returns lse; *wy as         \
      * row_lse's. d may be x (in place): the row is in the buffer first. */    \
-    OPSMITH_CPU_CLONES_V4 static ACC row_small_##SUFFIX(int64_t n, const T *x, int64_t t, ACC cap, const ACC *w,  \
+    OPSMITH_CPU_CLONES static ACC row_small_##SUFFIX(int64_t n, const T *x, int64_t t, ACC cap, const ACC *w,  \
                                                      ACC *wy, ACC coef0, ACC z2, ACC smooth, ACC target_coef,  \
                                                      ACC scale, T *d) {                                        \
         const ACC inv_cap = cap > 0 ? (ACC)1 / cap : (ACC)0;                                                    \
@@ -196,7 +196,8 @@ static inline void exp_block_f64(double *v, int64_t n) {
         for (int64_t c = 0; c < n; c++) wsum += w ? w[c] : (ACC)1;                                              \
         const ACC scale = red == OPSMITH_CROSS_ENTROPY_REDUCTION_MEAN ? (ACC)1 / denom : (ACC)1;                \
         const ACC ls_n = ls / (ACC)n;                                                                           \
-        ACC *loss_rows = ws, *z_rows = ws + rows;                                                               \
+        /* z-loss rows only with a z-loss (the workspace has them then) */                                   \
+        ACC *loss_rows = ws, *z_rows = z > 0 ? ws + rows : NULL;                                                \
         _Pragma("omp parallel for schedule(dynamic, 1) num_threads(threads) if(rows > 1 && rows * n > 65536)")  \
         for (int64_t r = 0; r < rows; r++) {                                                                    \
             const T *xr = x + r * xs;                                                                           \
@@ -215,7 +216,8 @@ static inline void exp_block_f64(double *v, int64_t n) {
                                   : row_lse_##SUFFIX(n, xr, cap, w, ls > 0 ? &wy : NULL, &base, &total);        \
             if (lse_out) lse_out[r] = lse;                                                                      \
             if (t == ignore) {                                                                                  \
-                loss_rows[r] = 0, z_rows[r] = 0;                                                                \
+                loss_rows[r] = 0;                                                                               \
+                if (z_rows) z_rows[r] = 0;                                                                      \
                 if (dl)                                                                                         \
                     for (int64_t c = 0; c < n; c++) dl[r * dls + c] = STORE((ACC)0);                            \
                 continue;                                                                                       \
@@ -223,7 +225,8 @@ static inline void exp_block_f64(double *v, int64_t n) {
             const ACC zl = z * lse * lse;                                                                       \
             ACC l = ((ACC)1 - ls) * wt * (lse - y_t) + zl;                                                      \
             if (ls > 0) l += ls_n * (wsum * lse - wy);                                                          \
-            loss_rows[r] = l, z_rows[r] = zl;                                                                   \
+            loss_rows[r] = l;                                                                                   \
+            if (z_rows) z_rows[r] = zl;                                                                         \
             if (dl && !small)                                                                                   \
                 row_grad_##SUFFIX(n, xr, t, cap, w, base, total, ((ACC)1 - ls) * wt + ls_n * wsum + 2 * z * lse, \
                                   ls_n, ((ACC)1 - ls) * wt, scale, dl + r * dls);                               \
@@ -231,11 +234,11 @@ static inline void exp_block_f64(double *v, int64_t n) {
         if (red == OPSMITH_CROSS_ENTROPY_REDUCTION_NONE) {                                                      \
             for (int64_t r = 0; r < rows; r++) {                                                                \
                 loss[r] = STORE(loss_rows[r]);                                                                  \
-                if (zout) zout[r] = STORE(z_rows[r]);                                                           \
+                if (zout) zout[r] = STORE(z_rows ? z_rows[r] : (ACC)0);                                         \
             }                                                                                                   \
         } else {                                                                                                \
             ACC total = 0, z_total = 0;                                                                         \
-            for (int64_t r = 0; r < rows; r++) total += loss_rows[r], z_total += z_rows[r];                     \
+            for (int64_t r = 0; r < rows; r++) total += loss_rows[r], z_total += z_rows ? z_rows[r] : (ACC)0;   \
             const ACC d = red == OPSMITH_CROSS_ENTROPY_REDUCTION_MEAN ? denom : (ACC)1;                         \
             loss[0] = STORE(total / d);                                                                         \
             if (zout) zout[0] = STORE(z_total / d);                                                             \

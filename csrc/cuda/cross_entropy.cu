@@ -42,7 +42,8 @@ template <typename A> __device__ __forceinline__ A capped(A v, const Opts<A> &o)
 }
 
 /* dw: denom, wsum (the fused linear op's chunks share one pair); the
- * forward's workspace: loss_rows[rows], z_rows[rows], denom, wsum */
+ * forward's workspace: loss_rows[rows], z_rows[rows] (only when z_loss > 0;
+ * z_rows is NULL otherwise), denom, wsum */
 template <typename A>
 __global__ void __launch_bounds__(kPrepThreads)
 prep_kernel(int64_t rows, int64_t n, const int64_t *__restrict__ tg, int64_t ts, const A *__restrict__ w,
@@ -114,7 +115,8 @@ __device__ __forceinline__ RowGrad<A> row_finish(const RowStat<A> &st, A wy, A y
             l = o.one_m_ls * wt * ((nr.m - y_t) + nr.log_s) + zl;
             if (smooth) l += o.ls_n * (W * lse - wy);
         }
-        loss_rows[r] = l, z_rows[r] = zl;
+        loss_rows[r] = l;
+        if (z_rows) z_rows[r] = zl;
     }
     const A scale = reduction == OPSMITH_CROSS_ENTROPY_REDUCTION_MEAN ? A(1) / dw[0] : A(1);
     RowGrad<A> g{nr, (o.one_m_ls * wt + o.ls_n * W + A(2) * o.z * lse) * scale, o.one_m_ls * wt * scale,
@@ -271,12 +273,12 @@ finish_kernel(int64_t rows, int reduction, const A *__restrict__ loss_rows, cons
     if (reduction == OPSMITH_CROSS_ENTROPY_REDUCTION_NONE) {
         for (int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; r < rows; r += (int64_t)gridDim.x * blockDim.x) {
             loss[r] = from_acc<T>(loss_rows[r]);
-            if (zout) zout[r] = from_acc<T>(z_rows[r]);
+            if (zout) zout[r] = from_acc<T>(z_rows ? z_rows[r] : A(0));
         }
         return;
     }
     A l = 0, zl = 0;
-    for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) l += loss_rows[r], zl += z_rows[r];
+    for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) l += loss_rows[r], zl += z_rows ? z_rows[r] : A(0);
     l = block_sum(l, scratch);
     zl = block_sum(zl, scratch);
     if (threadIdx.x == 0) {
@@ -388,12 +390,13 @@ opsmith_status fwd(int64_t rows, int64_t n, const void *x, int64_t xs, const int
                    void *dl, int64_t dls, int64_t *error, void *workspace, cudaStream_t stream) {
     using A = typename Storage<D>::Acc;
     A *ws = static_cast<A *>(workspace);
-    A *dw = ws + 2 * rows;
+    A *zr = z > 0 ? ws + rows : nullptr; /* opsmith_cross_entropy_fwd_workspace_size's layout */
+    A *dw = ws + (zr ? 2 : 1) * rows;
     opsmith_status st = prep<D>(rows, n, tg, ts, w, ignore, dw, stream);
     if (st == OPSMITH_STATUS_SUCCESS)
-        st = rows_pass<D>(rows, n, x, xs, tg, ts, w, ignore, ls, z, cap, red, dw, ws, ws + rows, lse, dl, dls, error,
+        st = rows_pass<D>(rows, n, x, xs, tg, ts, w, ignore, ls, z, cap, red, dw, ws, zr, lse, dl, dls, error,
                           0, stream);
-    if (st == OPSMITH_STATUS_SUCCESS) st = finish<D>(rows, red, ws, ws + rows, dw, loss, zout, stream);
+    if (st == OPSMITH_STATUS_SUCCESS) st = finish<D>(rows, red, ws, zr, dw, loss, zout, stream);
     return st;
 }
 

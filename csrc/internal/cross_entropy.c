@@ -15,11 +15,12 @@ static span span_of(const void *p, int64_t rows, int64_t n, int64_t stride, size
 
 static int overlap(span a, span b) { return a.lo < b.hi && b.lo < a.hi; }
 
-size_t opsmith_cross_entropy_fwd_workspace_size(opsmith_dtype dtype, int64_t rows) {
-    /* loss and z-loss per row, the mean's denominator and the weights' sum;
-     * in the accumulate type */
+size_t opsmith_cross_entropy_fwd_workspace_size(opsmith_dtype dtype, int64_t rows, double z_loss) {
+    /* loss per row, z-loss per row when there is one, the mean's denominator
+     * and the weights' sum; in the accumulate type */
     const size_t acc = dtype == OPSMITH_DTYPE_F64 ? 8 : 4;
-    const size_t bytes = (size_t)(2 * (rows > 0 ? rows : 0) + 2) * acc;
+    const size_t per_row = z_loss > 0.0 ? 2 : 1;
+    const size_t bytes = (per_row * (size_t)(rows > 0 ? rows : 0) + 2) * acc;
     return (bytes + OPSMITH_WORKSPACE_ALIGNMENT - 1) / OPSMITH_WORKSPACE_ALIGNMENT * OPSMITH_WORKSPACE_ALIGNMENT;
 }
 
@@ -56,7 +57,7 @@ opsmith_status opsmith_internal_cross_entropy_fwd_check(const char *op, opsmith_
         return opsmith_internal_fail(bad, "%s: loss is NULL", op);
     if (need_error && !error) return opsmith_internal_fail(bad, "%s: error is NULL", op);
     s = opsmith_internal_check_workspace(op, workspace, workspace_bytes,
-                                         opsmith_cross_entropy_fwd_workspace_size(dtype, rows));
+                                         opsmith_cross_entropy_fwd_workspace_size(dtype, rows, z_loss));
     if (s != OPSMITH_STATUS_SUCCESS) return s;
     if (rows == 0) return OPSMITH_STATUS_SUCCESS;
     if (!logits) return opsmith_internal_fail(bad, "%s: logits is NULL", op);

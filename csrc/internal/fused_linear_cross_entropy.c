@@ -37,7 +37,8 @@ opsmith_flce_layout opsmith_internal_flce_layout(opsmith_dtype dtype, int64_t ro
         TAKE(dbias, V * acc);
         TAKE(lt, OPSMITH_FLCE_CUBLASLT_WORKSPACE);
     } else {
-        l.ce_bytes = opsmith_cross_entropy_fwd_workspace_size(dtype, chunk);
+        /* a chunk's: room for the z-loss rows whatever z_loss is (chunk-sized) */
+        l.ce_bytes = opsmith_cross_entropy_fwd_workspace_size(dtype, chunk, 1.0);
         TAKE(logits, C * V * size);
         TAKE(ce, l.ce_bytes);
         TAKE(dweight, V * D * acc);

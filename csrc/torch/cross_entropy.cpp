@@ -75,10 +75,12 @@ at::Tensor loss_like(const at::Tensor &logits, int64_t reduction) {
 
 // Runs the forward launcher; dl (or nullptr) with row stride dls.
 void run_fwd(const Checked &c, const at::Tensor &logits, int64_t ignore_index, double ls, double z_loss,
-             double softcap, int64_t reduction, at::Tensor &loss, at::Tensor &z, at::Tensor &lse, void *dl,
-             int64_t dls, at::Tensor &error) {
+             double softcap, int64_t reduction, at::Tensor &loss, at::Tensor &z, void *dl, int64_t dls,
+             at::Tensor &error) {
     const auto red = (opsmith_cross_entropy_reduction)reduction;
-    const size_t wb = opsmith_cross_entropy_fwd_workspace_size(c.dtype, c.x.rows);
+    // one accumulate value a row (two with a z-loss): the op's only memory
+    // beyond its inputs and outputs; no lse output (nothing reads it)
+    const size_t wb = opsmith_cross_entropy_fwd_workspace_size(c.dtype, c.x.rows, z_loss);
     at::Tensor ws = workspace(wb, logits);
     const void *w = c.weight.defined() ? c.weight.data_ptr() : nullptr;
     const int64_t *t = c.target.numel() ? c.target.const_data_ptr<int64_t>() : nullptr;
@@ -88,7 +90,7 @@ void run_fwd(const Checked &c, const at::Tensor &logits, int64_t ignore_index, d
     if (logits.is_cuda()) {
         const c10::cuda::CUDAGuard guard(logits.device());
         status = opsmith_cross_entropy_fwd_cuda(c.dtype, c.x.rows, c.x.n, x, c.x.stride, t, 1, w, ignore_index, ls,
-                                                z_loss, softcap, red, loss.data_ptr(), z.data_ptr(), lse.data_ptr(), dl,
+                                                z_loss, softcap, red, loss.data_ptr(), z.data_ptr(), nullptr, dl,
                                                 dls, error.data_ptr<int64_t>(), ws.data_ptr(), wb,
                                                 at::cuda::getCurrentCUDAStream(logits.get_device()).stream());
     } else
@@ -96,8 +98,8 @@ void run_fwd(const Checked &c, const at::Tensor &logits, int64_t ignore_index, d
     {
         use_torch_cpu_threads();
         status = opsmith_cross_entropy_fwd_cpu(c.dtype, c.x.rows, c.x.n, x, c.x.stride, t, 1, w, ignore_index, ls,
-                                               z_loss, softcap, red, loss.data_ptr(), z.data_ptr(), lse.data_ptr(),
-                                               dl, dls, error.data_ptr<int64_t>(), ws.data_ptr(), wb);
+                                               z_loss, softcap, red, loss.data_ptr(), z.data_ptr(), nullptr, dl,
+                                               dls, error.data_ptr<int64_t>(), ws.data_ptr(), wb);
         // the C message names the launcher; the user called cross_entropy
         // (from "target" on; the whole message if it has no "target": a null
         // const char * must never reach the message)
@@ -111,25 +113,24 @@ void run_fwd(const Checked &c, const at::Tensor &logits, int64_t ignore_index, d
 
 } // namespace
 
-// (loss, z_loss, lse, dlogits, error) = cross_entropy_fwd(logits (N, V), target (N), ...): loss and
-// z_loss in logits' dtype, [N] for reduction none (0) else []; lse [N] in the accumulate type;
-// dlogits (N, V) contiguous when compute_grad, else empty; error: the device-side flag (3 int64).
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+// (loss, z_loss, dlogits, error) = cross_entropy_fwd(logits (N, V), target (N), ...): loss and
+// z_loss in logits' dtype, [N] for reduction none (0) else []; dlogits (N, V) contiguous when
+// compute_grad, else empty; error: the device-side flag (3 int64).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>
 cross_entropy_fwd(const at::Tensor &logits, const at::Tensor &target, const std::optional<at::Tensor> &weight,
                   int64_t ignore_index, double label_smoothing, double z_loss, double softcap, int64_t reduction,
                   bool compute_grad) {
     const Checked c = check_fwd(logits, target, weight, label_smoothing, z_loss, softcap, reduction);
     at::Tensor loss = loss_like(logits, reduction), z = loss_like(logits, reduction);
-    at::Tensor lse = at::empty({logits.size(0)}, logits.options().dtype(accumulate_type(logits)));
     at::Tensor dl = compute_grad ? at::empty(logits.sizes(), logits.options()) : at::empty({0}, logits.options());
     at::Tensor error = at::zeros({OPSMITH_CROSS_ENTROPY_ERROR_COUNT}, logits.options().dtype(at::kLong));
-    run_fwd(c, logits, ignore_index, label_smoothing, z_loss, softcap, reduction, loss, z, lse,
+    run_fwd(c, logits, ignore_index, label_smoothing, z_loss, softcap, reduction, loss, z,
             compute_grad && dl.numel() ? dl.data_ptr() : nullptr, c.x.n, error);
-    return {loss, z, lse, dl, error};
+    return {loss, z, dl, error};
 }
 
-// The forward with the gradient written over logits (inplace_grad): (loss, z_loss, lse, error).
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+// The forward with the gradient written over logits (inplace_grad): (loss, z_loss, error).
+std::tuple<at::Tensor, at::Tensor, at::Tensor>
 cross_entropy_fwd_(at::Tensor &logits, const at::Tensor &target, const std::optional<at::Tensor> &weight,
                    int64_t ignore_index, double label_smoothing, double z_loss, double softcap, int64_t reduction) {
     const Checked c = check_fwd(logits, target, weight, label_smoothing, z_loss, softcap, reduction);
@@ -137,11 +138,10 @@ cross_entropy_fwd_(at::Tensor &logits, const at::Tensor &target, const std::opti
                 ": inplace_grad=True needs logits whose rows are addressable in place (last dim contiguous), "
                 "got strides ", text(logits.strides()));
     at::Tensor loss = loss_like(logits, reduction), z = loss_like(logits, reduction);
-    at::Tensor lse = at::empty({logits.size(0)}, logits.options().dtype(accumulate_type(logits)));
     at::Tensor error = at::zeros({OPSMITH_CROSS_ENTROPY_ERROR_COUNT}, logits.options().dtype(at::kLong));
-    run_fwd(c, logits, ignore_index, label_smoothing, z_loss, softcap, reduction, loss, z, lse,
+    run_fwd(c, logits, ignore_index, label_smoothing, z_loss, softcap, reduction, loss, z,
             logits.numel() ? logits.data_ptr() : nullptr, c.x.stride, error);
-    return {loss, z, lse, error};
+    return {loss, z, error};
 }
 
 namespace {
@@ -205,7 +205,7 @@ void cross_entropy_bwd_(const at::Tensor &grad, at::Tensor &dlogits) {
 OPSMITH_PYBIND(cross_entropy) {
     namespace py = pybind11;
     m.def("cross_entropy_fwd", &opsmith::cross_entropy_fwd,
-          "cross_entropy forward: (loss, z_loss, lse, dlogits, error)", py::arg("logits"), py::arg("target"),
+          "cross_entropy forward: (loss, z_loss, dlogits, error)", py::arg("logits"), py::arg("target"),
           py::arg("weight"), py::arg("ignore_index") = -100, py::arg("label_smoothing") = 0.0,
           py::arg("z_loss") = 0.0, py::arg("softcap") = 0.0, py::arg("reduction") = 2,
           py::arg("compute_grad") = false);
@@ -268,17 +268,17 @@ void check_weight_grad(const std::optional<at::Tensor> &weight) {
                 kOp, ": the gradient of weight is not implemented (as in PyTorch); pass weight.detach()");
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>
 cross_entropy_fwd_autograd(const at::Tensor &logits, const at::Tensor &target, const std::optional<at::Tensor> &weight,
                            int64_t ignore_index, double ls, double z_loss, double softcap, int64_t reduction,
                            bool compute_grad) {
     refuse_forward_ad(kOp, logits, tensor_or_undefined(weight));
     check_weight_grad(weight);
     const bool need = torch::autograd::compute_requires_grad(logits);
-    at::Tensor loss, z, lse, dl, error;
+    at::Tensor loss, z, dl, error;
     {
         at::AutoDispatchBelowADInplaceOrView below_autograd;
-        std::tie(loss, z, lse, dl, error) =
+        std::tie(loss, z, dl, error) =
             fwd_op().call(logits, target, weight, ignore_index, ls, z_loss, softcap, reduction, compute_grad || need);
     }
     if (need) {
@@ -286,12 +286,12 @@ cross_entropy_fwd_autograd(const at::Tensor &logits, const at::Tensor &target, c
         node->set_next_edges(torch::autograd::collect_next_edges(logits));
         node->dlogits_ = SavedVariable(dl, false);
         torch::autograd::set_history(loss, node);
-        // z_loss, lse, dlogits and error are reports, not results to differentiate through
+        // z_loss, dlogits and error are reports, not results to differentiate through
     }
-    return {loss, z, lse, dl, error};
+    return {loss, z, dl, error};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+std::tuple<at::Tensor, at::Tensor, at::Tensor>
 cross_entropy_fwd_inplace_autograd(at::Tensor &logits, const at::Tensor &target,
                                    const std::optional<at::Tensor> &weight, int64_t ignore_index, double ls,
                                    double z_loss, double softcap, int64_t reduction) {
@@ -301,10 +301,10 @@ cross_entropy_fwd_inplace_autograd(at::Tensor &logits, const at::Tensor &target,
     TORCH_CHECK(!(need && logits.is_leaf()), kOp,
                 ": inplace_grad=True writes the gradient over logits, which must not be a leaf that requires grad "
                 "(it is meant for the output of the lm head); use inplace_grad=False");
-    at::Tensor loss, z, lse, error;
+    at::Tensor loss, z, error;
     {
         at::AutoDispatchBelowADInplaceOrView below_autograd;
-        std::tie(loss, z, lse, error) =
+        std::tie(loss, z, error) =
             fwd_inplace_op().call(logits, target, weight, ignore_index, ls, z_loss, softcap, reduction);
     }
     // logits now hold the gradient: anything else that saved them fails its
@@ -316,7 +316,7 @@ cross_entropy_fwd_inplace_autograd(at::Tensor &logits, const at::Tensor &target,
         node->dlogits_ = SavedVariable(logits, false);
         torch::autograd::set_history(loss, node);
     }
-    return {loss, z, lse, error};
+    return {loss, z, error};
 }
 
 at::Tensor cross_entropy_bwd_autograd(const at::Tensor &grad, const at::Tensor &dlogits) {
@@ -342,11 +342,11 @@ TORCH_LIBRARY_FRAGMENT(opsmith, m) {
     m.set_python_module("opsmith.ops.cross_entropy");
     m.def("cross_entropy_fwd(Tensor logits, Tensor target, Tensor? weight, int ignore_index=-100, "
           "float label_smoothing=0., float z_loss=0., float softcap=0., int reduction=2, bool compute_grad=False) -> "
-          "(Tensor loss, Tensor z_loss, Tensor lse, Tensor dlogits, Tensor error)");
+          "(Tensor loss, Tensor z_loss, Tensor dlogits, Tensor error)");
     // the gradient written over logits (inplace_grad=True)
     m.def("cross_entropy_fwd_(Tensor(a!) logits, Tensor target, Tensor? weight, int ignore_index=-100, "
           "float label_smoothing=0., float z_loss=0., float softcap=0., int reduction=2) -> "
-          "(Tensor loss, Tensor z_loss, Tensor lse, Tensor error)");
+          "(Tensor loss, Tensor z_loss, Tensor error)");
     m.def("cross_entropy_bwd(Tensor grad, Tensor dlogits) -> Tensor dx");
     m.def("cross_entropy_bwd_(Tensor grad, Tensor(a!) dlogits) -> ()");
 }

@@ -48,8 +48,11 @@
  * gradient is written over the logits, each row after it was read); dx may
  * be dlogits exactly (then rows whose grad is exactly 1 are neither read nor
  * written). Nothing else may overlap.
- * Workspace: opsmith_cross_entropy_fwd_workspace_size(rows) bytes (per-row
- * losses and the denominator, in A). */
+ * Workspace: opsmith_cross_entropy_fwd_workspace_size(dtype, rows, z_loss)
+ * bytes: the per-row losses (for a reduction in a fixed order), the per-row
+ * z-losses only when z_loss > 0, the denominator and W; in A. With z_loss 0
+ * that is one A a row (plus 128 bytes), the only memory the op needs beyond
+ * its inputs and outputs. */
 #ifndef OPSMITH_CROSS_ENTROPY_H
 #define OPSMITH_CROSS_ENTROPY_H
 
@@ -66,7 +69,8 @@ typedef enum opsmith_cross_entropy_reduction {
 /* int64 values of the error buffer: flag, row, target value */
 #define OPSMITH_CROSS_ENTROPY_ERROR_COUNT 3
 
-OPSMITH_API size_t opsmith_cross_entropy_fwd_workspace_size(opsmith_dtype dtype, int64_t rows);
+/* ABI 2: z_loss added (the z-loss rows exist only when it is > 0) */
+OPSMITH_API size_t opsmith_cross_entropy_fwd_workspace_size(opsmith_dtype dtype, int64_t rows, double z_loss);
 
 OPSMITH_API opsmith_status opsmith_cross_entropy_fwd_cpu(
     opsmith_dtype dtype, int64_t rows, int64_t n, const void *logits, int64_t logits_row_stride, const int64_t *target,

@@ -98,9 +98,9 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, weight: Optional[t
     x, t, shape = _rows(logits, target)
     # no gradient to compute (no_grad, evaluation): the logits are left as they are
     if inplace_grad and torch.is_grad_enabled() and logits.requires_grad:
-        loss, z, _lse, error = _fwd_inplace(x, t, weight, ignore_index, float(label_smoothing), float(z_loss), cap, red)
+        loss, z, error = _fwd_inplace(x, t, weight, ignore_index, float(label_smoothing), float(z_loss), cap, red)
     else:
-        loss, z, _lse, _dl, error = _fwd(x, t, weight, ignore_index, float(label_smoothing), float(z_loss), cap, red)
+        loss, z, _dl, error = _fwd(x, t, weight, ignore_index, float(label_smoothing), float(z_loss), cap, red)
     if validate:
         _validate(error, logits.shape[-1], ignore_index)
     if red == 0:
@@ -109,10 +109,6 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, weight: Optional[t
 
 
 # --- fake kernels ------------------------------------------------------------------
-
-def _acc(dtype):
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
 
 def _fake_outputs(logits, target, label_smoothing, z_loss, softcap, reduction):
     torch._check(logits.dim() == 2, lambda: f"cross_entropy: logits must be 2-D (N, V), got {list(logits.shape)}")
@@ -124,17 +120,15 @@ def _fake_outputs(logits, target, label_smoothing, z_loss, softcap, reduction):
     torch._check(math.isfinite(softcap) and softcap >= 0, lambda: f"cross_entropy: softcap must be finite and > 0 (or 0: none), got {softcap}")
     torch._check(0 <= reduction <= 2, lambda: f"cross_entropy: reduction must be 0 (none), 1 (sum) or 2 (mean), got {reduction}")
     shape = (logits.shape[0],) if reduction == 0 else ()
-    loss = logits.new_empty(shape)
-    return (loss, logits.new_empty(shape), logits.new_empty((logits.shape[0],), dtype=_acc(logits.dtype)),
-            logits.new_empty((3,), dtype=torch.int64))
+    return logits.new_empty(shape), logits.new_empty(shape), logits.new_empty((3,), dtype=torch.int64)
 
 
 @torch.library.register_fake("opsmith::cross_entropy_fwd")
 def _fwd_fake(logits, target, weight=None, ignore_index=-100, label_smoothing=0.0, z_loss=0.0, softcap=0.0,
               reduction=2, compute_grad=False):
-    loss, z, lse, error = _fake_outputs(logits, target, label_smoothing, z_loss, softcap, reduction)
+    loss, z, error = _fake_outputs(logits, target, label_smoothing, z_loss, softcap, reduction)
     dl = logits.new_empty(logits.shape) if compute_grad else logits.new_empty((0,))
-    return loss, z, lse, dl, error
+    return loss, z, dl, error
 
 
 @torch.library.register_fake("opsmith::cross_entropy_fwd_")
@@ -175,8 +169,8 @@ class CrossEntropyFunction(torch.autograd.Function):
         if weight is not None and weight.requires_grad:
             raise RuntimeError("cross_entropy: the gradient of weight is not implemented (as in PyTorch); "
                                "pass weight.detach()")
-        loss, z, lse, dl, error = route_a().cross_entropy_fwd(logits, target, weight, ignore_index, label_smoothing,
-                                                              z_loss, softcap, reduction, logits.requires_grad)
+        loss, z, dl, error = route_a().cross_entropy_fwd(logits, target, weight, ignore_index, label_smoothing,
+                                                         z_loss, softcap, reduction, logits.requires_grad)
         ctx.save_for_backward(dl)
         ctx.mark_non_differentiable(z, error)
         return loss, z, error

@@ -174,7 +174,7 @@ typedef opsmith_status (*bwd_fn)(const ce_case *c, const void *grad, int64_t gs,
 static opsmith_status fwd_cpu(const ce_case *c, const ce_data *d, const void *x, void *loss, void *z, void *lse,
                               void *dl, int64_t *error)
 {
-    const size_t wb = opsmith_cross_entropy_fwd_workspace_size(c->dt, c->rows);
+    const size_t wb = opsmith_cross_entropy_fwd_workspace_size(c->dt, c->rows, c->z);
     void *ws = aligned_alloc(OPSMITH_WORKSPACE_ALIGNMENT, wb);
     const int64_t s = c->n + c->pad;
     opsmith_status st = opsmith_cross_entropy_fwd_cpu(c->dt, c->rows, c->n, x, s, d->target, 2, d->weight, d->ignore,
@@ -214,7 +214,7 @@ static opsmith_status fwd_cuda(const ce_case *c, const ce_data *d, const void *x
 {
     const size_t es = opsmith_dtype_size(c->dt), as = opsmith_dtype_size(opsmith_dtype_accumulate(c->dt));
     const int64_t s = c->n + c->pad, outs = c->red == OPSMITH_CROSS_ENTROPY_REDUCTION_NONE ? c->rows : 1;
-    const size_t wb = opsmith_cross_entropy_fwd_workspace_size(c->dt, c->rows), lead = (size_t)c->off * es;
+    const size_t wb = opsmith_cross_entropy_fwd_workspace_size(c->dt, c->rows, c->z), lead = (size_t)c->off * es;
     const size_t xbytes = d->bytes + 2 * GUARD;
     /* x and dl point into buffers of d->bytes (+ guards): copy the whole buffer */
     const unsigned char *xb = (const unsigned char *)x - lead - GUARD;
@@ -412,6 +412,17 @@ static void test_bad_args(void)
     expect(FWD(2, 4, x, 4, t, 0, 0, 0, MEAN, loss, dl, 4, NULL, 0), INVALID, "workspace is NULL", "no workspace");
     expect(FWD(2, 4, x, 4, t, 0, 0, 0, MEAN, loss, dl, 4, ws, 8), OPSMITH_STATUS_WORKSPACE_TOO_SMALL, "workspace_bytes (8)",
            "small workspace");
+    /* the workspace: one accumulate value a row (the z-loss rows only with a
+     * z-loss), so a workspace sized for z_loss 0 is too small for z_loss > 0 */
+    const size_t plain = opsmith_cross_entropy_fwd_workspace_size(F32, 60, 0.0),
+                 with_z = opsmith_cross_entropy_fwd_workspace_size(F32, 60, 1e-4);
+    CHECK(plain >= 62 * 4 && plain <= 62 * 4 + OPSMITH_WORKSPACE_ALIGNMENT, "workspace(f32, 60 rows, z 0) = %zu bytes",
+          plain);
+    CHECK(with_z >= 122 * 4 && with_z <= 122 * 4 + OPSMITH_WORKSPACE_ALIGNMENT, "workspace(f32, 60 rows, z 1e-4) = %zu",
+          with_z);
+    CHECK(opsmith_cross_entropy_fwd_workspace_size(OPSMITH_DTYPE_F64, 60, 0.0) >= 62 * 8, "f64 workspace in doubles");
+    expect(FWD(60, 1, x, 1, t, 0, 1e-4, 0, MEAN, loss, NULL, 1, ws, plain), OPSMITH_STATUS_WORKSPACE_TOO_SMALL,
+           "workspace_bytes", "workspace without the z-loss rows");
     expect(FWD(2, 4, x, 4, t, 0, 0, 0, MEAN, loss, x + 1, 4, ws, sizeof ws), INVALID, "dlogits overlaps logits",
            "partial alias");
     expect(FWD(2, 4, (char *)x + 1, 4, t, 0, 0, 0, MEAN, loss, dl, 4, ws, sizeof ws), OPSMITH_STATUS_MISALIGNED,
