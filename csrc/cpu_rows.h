@@ -7,33 +7,11 @@
 #define OPSMITH_CPU_ROWS_H
 
 #include "convert_block.h"
+#include "cpu_clones.h"
 
 /* Elements of a row widened to the accumulate type at a time: a few
  * buffers of them stay in L1. */
 #define OPSMITH_CPU_BLOCK 512
-
-/* Row workers are compiled for AVX-512, AVX2 and the baseline x86-64
- * (SSE2), picked when the library loads (ISA levels, not arch= targets,
- * whose tuning can keep the conversions from inlining). The library is
- * built as ISO C (no FMA contraction) and every sum runs in explicit
- * lanes, so all three give the same bits. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define OPSMITH_CPU_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define OPSMITH_CPU_CLONES
-#endif
-
-/* Row workers compiled for AVX-512 with BW, AVX2 and the baseline
- * (OPSMITH_CPU_CLONES has plain avx512f: without BW GCC handles 16-bit elements
- * in 256-bit registers, and without VL those are 16, and the exponential's
- * constants spill; GCC 12's target_clones does not take avx512bw, and
- * x86-64-v4 is F, BW, VL and DQ on top of AVX2). The same bits on each: the
- * library is ISO C (no FMA contraction), and the sums run in fixed lanes. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define OPSMITH_CPU_CLONES_V4 __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
-#else
-#define OPSMITH_CPU_CLONES_V4
-#endif
 
 /* Row sums run block by block: inside a block, LANES interleaved partial
  * sums (element i into lane i % LANES) added pairwise; the block sums go

@@ -23,11 +23,8 @@
 #include "cpu_load_store.h"
 #include "internal/glu.h"
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
-#define GLU_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define GLU_CLONES
-#endif
+#include "convert_block.h"
+#include "cpu_clones.h"
 
 /* Columns a work item covers: big enough that the loop overhead vanishes,
  * small enough that a (1, 14336) decode row still splits across threads. */
@@ -101,7 +98,7 @@ static inline double gelu_tanh_f64(double g, double *slope) {
  * [c0, c1) of one row, stamped from one template. T is the storage type,
  * ACC the math type, ACT the activation (value returned, slope stored). */
 #define DEFINE_GLU(NAME, T, ACC, LOAD, STORE, ACT)                                                  \
-    GLU_CLONES static void glu_fwd_span_##NAME(int64_t len, const T *g, const T *u, T *y) {         \
+    OPSMITH_CPU_CLONES static void glu_fwd_span_##NAME(int64_t len, const T *g, const T *u, T *y) {         \
         _Pragma("omp simd")                                                                         \
         for (int64_t i = 0; i < len; i++) {                                                         \
             ACC slope;                                                                              \
@@ -109,7 +106,7 @@ static inline double gelu_tanh_f64(double g, double *slope) {
             y[i] = STORE(v * LOAD(u[i]));                                                           \
         }                                                                                           \
     }                                                                                               \
-    GLU_CLONES static void glu_bwd_span_##NAME(int64_t len, const T *dy, const T *g, const T *u,    \
+    OPSMITH_CPU_CLONES static void glu_bwd_span_##NAME(int64_t len, const T *dy, const T *g, const T *u,    \
                                                T *dg, T *du, T *h) {                                \
         if (h) {                                                                                    \
             _Pragma("omp simd")                                                                     \
@@ -134,39 +131,38 @@ static inline double gelu_tanh_f64(double g, double *slope) {
     }
 
 /* The 16-bit storage types go through float tiles: each tile is widened
- * into float arrays, the float loop runs on them, and the results are
- * rounded back. Each of the three loops then vectorizes at full width (a
+ * into float arrays (convert_block.h: F16C for float16 where the CPU has
+ * it), the float loop runs on them, and the results are rounded back. Each of the three loops then vectorizes at full width (a
  * loop mixing 16-bit and 32-bit lanes gets half-width vectors), and the
  * arithmetic is exactly the float kernel's. A whole tile of every input is
  * read before any output of it is written, so the in-place forms hold. */
 #define TILE 512
 
-#define DEFINE_GLU16(NAME, LOAD, STORE, ACT)                                                        \
-    GLU_CLONES static void glu_fwd_span_##NAME(int64_t len, const uint16_t *g, const uint16_t *u,   \
+#define DEFINE_GLU16(NAME, DT, ACT)                                                                 \
+    OPSMITH_CPU_CLONES static void glu_fwd_span_##NAME(int64_t len, const uint16_t *g, const uint16_t *u,   \
                                                uint16_t *y) {                                       \
         float gf[TILE], uf[TILE];                                                                   \
         for (int64_t b = 0; b < len; b += TILE) {                                                   \
             const int m = len - b < TILE ? (int)(len - b) : TILE;                                   \
-            _Pragma("omp simd")                                                                     \
-            for (int i = 0; i < m; i++) gf[i] = LOAD(g[b + i]), uf[i] = LOAD(u[b + i]);             \
+            opsmith_widen_f32(DT, g, b, m, gf); /* 16-bit: always into the buffer */                \
+            opsmith_widen_f32(DT, u, b, m, uf);                                                     \
             _Pragma("omp simd")                                                                     \
             for (int i = 0; i < m; i++) {                                                           \
                 float slope;                                                                        \
                 gf[i] = ACT(gf[i], &slope) * uf[i];                                                 \
             }                                                                                       \
-            _Pragma("omp simd")                                                                     \
-            for (int i = 0; i < m; i++) y[b + i] = STORE(gf[i]);                                    \
+            opsmith_narrow_f32(DT, gf, y, b, m);                                                    \
         }                                                                                           \
     }                                                                                               \
-    GLU_CLONES static void glu_bwd_span_##NAME(int64_t len, const uint16_t *dy, const uint16_t *g,  \
+    OPSMITH_CPU_CLONES static void glu_bwd_span_##NAME(int64_t len, const uint16_t *dy, const uint16_t *g,  \
                                                const uint16_t *u, uint16_t *dg, uint16_t *du,       \
                                                uint16_t *h) {                                       \
         float df[TILE], gf[TILE], uf[TILE], hf[TILE];                                               \
         for (int64_t b = 0; b < len; b += TILE) {                                                   \
             const int m = len - b < TILE ? (int)(len - b) : TILE;                                   \
-            _Pragma("omp simd")                                                                     \
-            for (int i = 0; i < m; i++)                                                             \
-                df[i] = LOAD(dy[b + i]), gf[i] = LOAD(g[b + i]), uf[i] = LOAD(u[b + i]);            \
+            opsmith_widen_f32(DT, dy, b, m, df);                                                    \
+            opsmith_widen_f32(DT, g, b, m, gf);                                                     \
+            opsmith_widen_f32(DT, u, b, m, uf);                                                     \
             _Pragma("omp simd")                                                                     \
             for (int i = 0; i < m; i++) {                                                           \
                 float slope;                                                                        \
@@ -175,12 +171,9 @@ static inline double gelu_tanh_f64(double g, double *slope) {
                 hf[i] = v * uf[i];                                                                  \
                 uf[i] = df[i] * v;                                                                  \
             }                                                                                       \
-            _Pragma("omp simd")                                                                     \
-            for (int i = 0; i < m; i++) dg[b + i] = STORE(gf[i]), du[b + i] = STORE(uf[i]);         \
-            if (h) {                                                                                \
-                _Pragma("omp simd")                                                                 \
-                for (int i = 0; i < m; i++) h[b + i] = STORE(hf[i]);                                \
-            }                                                                                       \
+            opsmith_narrow_f32(DT, gf, dg, b, m);                                                   \
+            opsmith_narrow_f32(DT, uf, du, b, m);                                                   \
+            if (h) opsmith_narrow_f32(DT, hf, h, b, m);                                             \
         }                                                                                           \
     }
 
@@ -189,15 +182,15 @@ static inline double gelu_tanh_f64(double g, double *slope) {
     DEFINE_GLU(gelu_##SUFFIX, T, ACC, LOAD, STORE, gelu_##MATH)                                     \
     DEFINE_GLU(gelu_tanh_##SUFFIX, T, ACC, LOAD, STORE, gelu_tanh_##MATH)
 
-#define DEFINE_GLU16_DTYPE(SUFFIX, LOAD, STORE)                                                      \
-    DEFINE_GLU16(silu_##SUFFIX, LOAD, STORE, silu_f32)                                              \
-    DEFINE_GLU16(gelu_##SUFFIX, LOAD, STORE, gelu_f32)                                              \
-    DEFINE_GLU16(gelu_tanh_##SUFFIX, LOAD, STORE, gelu_tanh_f32)
+#define DEFINE_GLU16_DTYPE(SUFFIX, DT)                                                               \
+    DEFINE_GLU16(silu_##SUFFIX, DT, silu_f32)                                                       \
+    DEFINE_GLU16(gelu_##SUFFIX, DT, gelu_f32)                                                       \
+    DEFINE_GLU16(gelu_tanh_##SUFFIX, DT, gelu_tanh_f32)
 
 DEFINE_GLU_DTYPE(f64, double, double, LOAD_F64, STORE_F64, f64)
 DEFINE_GLU_DTYPE(f32, float, float, LOAD_F32, STORE_F32, f32)
-DEFINE_GLU16_DTYPE(f16, LOAD_F16, STORE_F16)
-DEFINE_GLU16_DTYPE(bf16, LOAD_BF16, STORE_BF16)
+DEFINE_GLU16_DTYPE(f16, OPSMITH_DTYPE_F16)
+DEFINE_GLU16_DTYPE(bf16, OPSMITH_DTYPE_BF16)
 
 /* The span kernels, typeless, indexed [activation][dtype]. */
 typedef void (*fwd_span_fn)(int64_t, const void *, const void *, void *);

@@ -11,11 +11,7 @@
 #include "convert.h"
 #include "internal/rotary.h"
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
-#define ROPE_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define ROPE_CLONES
-#endif
+#include "cpu_clones.h"
 
 #define TILE 128 /* pairs a tile */
 
@@ -44,7 +40,7 @@ static inline int64_t pair_b(int interleaved, int64_t half, int64_t i) { return 
 /* One head's pairs [i0, i0 + m): out[a] = x[a] ca - x[b] sa, out[b] = x[b] cb + x[a] sb
  * (the backward's sines arrive already swapped and negated). */
 #define DEFINE_ROPE(NAME, T, ACC, LOAD, STORE)                                                       \
-    ROPE_CLONES static void rope_tile_##NAME(int interleaved, int64_t half, int64_t i0, int m,       \
+    OPSMITH_CPU_CLONES static void rope_tile_##NAME(int interleaved, int64_t half, int64_t i0, int m,       \
                                              const T *x, T *out, const ACC *ca, const ACC *sa,       \
                                              const ACC *cb, const ACC *sb) {                         \
         ACC xa[TILE], xb[TILE];                                                                      \

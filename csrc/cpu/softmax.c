@@ -50,7 +50,7 @@ static inline double exp_f64(double v) { return exp(v); } /* f64 is for checking
  * for v <= 0 (forward), EXPA e^v for any v (log_softmax backward: y is the
  * caller's). SAME: T is ACC (the output can hold e^(x - max) itself). */
 #define DEFINE_SOFTMAX(SUFFIX, T, ACC, LOAD, STORE, EXP, EXPA, LOG, SAME)                                     \
-    OPSMITH_CPU_CLONES_V4 static void fwd_row_##SUFFIX(int64_t n, const T *x, int lg, T *y) {                    \
+    OPSMITH_CPU_CLONES static void fwd_row_##SUFFIX(int64_t n, const T *x, int lg, T *y) {                    \
         ACC m[MAXL], s[LANES];                                                                                \
         /* 16-bit storage: e^(x - max) kept in a float row buffer on the stack when the                       \
          * row fits (launchers allocate no memory), else computed again in the last pass */                   \
@@ -107,7 +107,7 @@ static inline double exp_f64(double v) { return exp(v); } /* f64 is for checking
         }                                                                                                     \
     }                                                                                                         \
                                                                                                               \
-    OPSMITH_CPU_CLONES_V4 static void bwd_row_##SUFFIX(int64_t n, const T *g, const T *y, int lg, T *dx) {       \
+    OPSMITH_CPU_CLONES static void bwd_row_##SUFFIX(int64_t n, const T *g, const T *y, int lg, T *dx) {       \
         ACC s[LANES];                                                                                         \
         for (int k = 0; k < LANES; k++) s[k] = 0;                                                             \
         int64_t i = 0;                                                                                        \
@@ -196,7 +196,7 @@ __attribute__((target("avx2,f16c"))) static void scale_narrow_f16c(const float *
 /* the forward's three passes over blocks of the row widened into an L1 buffer;
  * e^(x - max) kept in a float row buffer for rows up to ROW_KEEP, else
  * computed again */
-OPSMITH_CPU_CLONES_V4 static void fwd_row_f16_buf(int64_t n, const uint16_t *x, int lg, uint16_t *y) {
+OPSMITH_CPU_CLONES static void fwd_row_f16_buf(int64_t n, const uint16_t *x, int lg, uint16_t *y) {
     float xb[F16_BLOCK], s[LANES];
     float keep_row[ROW_KEEP];
     float *const row = !lg && n <= ROW_KEEP ? keep_row : NULL;
@@ -242,7 +242,7 @@ OPSMITH_CPU_CLONES_V4 static void fwd_row_f16_buf(int64_t n, const uint16_t *x, 
     }
 }
 
-OPSMITH_CPU_CLONES_V4 static void bwd_row_f16_buf(int64_t n, const uint16_t *g, const uint16_t *y, int lg, uint16_t *dx) {
+OPSMITH_CPU_CLONES static void bwd_row_f16_buf(int64_t n, const uint16_t *g, const uint16_t *y, int lg, uint16_t *dx) {
     float gb[F16_BLOCK], yb[F16_BLOCK], s[LANES];
     for (int k = 0; k < LANES; k++) s[k] = 0;
     for (int64_t b0 = 0; b0 < n; b0 += F16_BLOCK) {
