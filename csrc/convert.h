@@ -24,7 +24,8 @@ static inline float opsmith_f16_to_f32(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
     uint32_t exp = (h >> 10) & 0x1fu;
     uint32_t man = h & 0x3ffu;
-    if (exp == 0x1fu) return opsmith_f32_from_bits(sign | 0x7f800000u | (man << 13));
+    /* inf, or NaN quietened (as F16C and PyTorch's own conversion do) */
+    if (exp == 0x1fu) return opsmith_f32_from_bits(sign | 0x7f800000u | (man << 13) | (man ? 0x00400000u : 0u));
     if (exp == 0) {
         /* zero or subnormal: man * 2^-24 is exact in float */
         float v = (float)man * 5.9604644775390625e-08f;

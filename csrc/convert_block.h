@@ -26,6 +26,7 @@ static inline float opsmith_block_f16_to_f32(uint16_t h) {
     /* exponent rebiased 15 -> 127; Inf/NaN (exponent 31) rebiased once more to 255 */
     uint32_t o = (em << 13) + 0x38000000u;
     o += 0x38000000u & (0u - (uint32_t)(em >= 0x7c00u));
+    o |= 0x00400000u & (0u - (uint32_t)(em > 0x7c00u)); /* NaN quietened, as F16C */
     /* subnormal: as a normal with exponent 2^-14, minus the implicit 2^-14 */
     const float sub = opsmith_f32_from_bits(o + 0x00800000u) - opsmith_f32_from_bits(0x38800000u);
     const uint32_t mag = opsmith_block_select(em < 0x0400u, opsmith_f32_bits(sub), o);

@@ -66,12 +66,4 @@ static inline float opsmith_exp_nonpos_f32(float x) {
     return p * opsmith_f32_from_bits((opsmith_f32_bits(t) << 23) + (127u << 23));
 }
 
-/* v[i] = e^v[i] for i in [0, n) */
-static inline void opsmith_exp_block_f32(float *v, int64_t n) {
-#ifdef _OPENMP /* the library is built with OpenMP; a test file including this may not be */
-#pragma omp simd
-#endif
-    for (int64_t i = 0; i < n; i++) v[i] = opsmith_exp_f32(v[i]);
-}
-
 #endif /* OPSMITH_CPU_EXP_H */

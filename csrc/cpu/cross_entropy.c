@@ -26,24 +26,44 @@
 #define LANES 16
 #define BLOCK 256 /* elements of a row widened into a buffer at a time (a multiple of LANES) */
 
-/* e^v in place: f64 through libm (f64 is for checking), float vectorized */
-static inline void exp_block_f64(double *v, int64_t n) {
-    for (int64_t i = 0; i < n; i++) v[i] = exp(v[i]);
-}
-
-/* T: storage type; ACC: accumulate type; LOAD/STORE convert one element;
- * EXPB e^v over a block of ACC in place; EXPN e^v of one v <= 0; LOG, TANH in ACC. The row workers
- * go block by block: a block is widened (and softcapped) into a buffer,
- * then each pass is a plain loop over it that the compiler vectorizes. */
-#define DEFINE_CROSS_ENTROPY(SUFFIX, T, ACC, LOAD, STORE, EXPB, EXPN, LOG, TANH)                                   \
+/* DT, T: the storage dtype and type; ACC: accumulate type; WIDEN a block of
+ * DT to ACC (convert_block.h); LOAD/STORE convert one element; EXPN e^v of
+ * one v <= 0 (f64 through libm: f64 is for checking); LOG, TANH in ACC. The
+ * row workers go block by block: a block is widened (and softcapped) into a
+ * buffer, then each pass is a plain loop over it that the compiler
+ * vectorizes. */
+#define DEFINE_CROSS_ENTROPY(SUFFIX, DT, T, ACC, WIDEN, LOAD, STORE, EXPN, LOG, TANH)                            \
     /* softcapped logit */                                                                                      \
     static inline ACC cap_##SUFFIX(ACC v, ACC cap, ACC inv_cap) { return cap > 0 ? cap * TANH(v * inv_cap) : v; } \
                                                                                                                 \
-    /* buf[k] = the softcapped logit x[k], k < len */                                                           \
-    static inline void load_##SUFFIX(const T *x, int64_t len, ACC cap, ACC inv_cap, ACC *buf) {                 \
-        for (int64_t k = 0; k < len; k++) buf[k] = LOAD(x[k]);                                                  \
-        if (cap > 0)                                                                                            \
-            for (int64_t k = 0; k < len; k++) buf[k] = cap * TANH(buf[k] * inv_cap);                            \
+    /* the softcapped logits x[k], k < len: x itself when T is ACC and there is                                 \
+     * no softcap (no copy), else widened into buf (convert_block.h: F16C for                                   \
+     * float16 where the CPU has it) */                                                                         \
+    static inline const ACC *load_##SUFFIX(const T *x, int64_t len, ACC cap, ACC inv_cap, ACC *buf) {           \
+        const ACC *y = WIDEN(DT, x, 0, len, buf);                                                               \
+        if (!(cap > 0)) return y;                                                                               \
+        for (int64_t k = 0; k < len; k++) buf[k] = cap * TANH(y[k] * inv_cap);                                  \
+        return buf;                                                                                             \
+    }                                                                                                           \
+                                                                                                                \
+    /* the shift of a row's exponentials: its max; 0 for a row of -inf (every                                  \
+     * e^(y - 0) is then 0 and the loss NaN, as PyTorch). A +inf max stays:                                     \
+     * inf - inf makes the row NaN, as PyTorch, and y - base is never > 0 */                                    \
+    static inline ACC base_of_##SUFFIX(ACC mx) { return mx > -(ACC)INFINITY ? mx : (ACC)0; }                    \
+                                                                                                                \
+    /* e[j] = e^(y[j] - base) for j < len and their sums into the lanes s (the                                  \
+     * lanes of OPSMITH_LANES_ADD), one loop: the exponential of arguments <= 0 */                              \
+    static inline void exp_sum_##SUFFIX(const ACC *y, int64_t len, ACC base, ACC *e, ACC *s) {                  \
+        int64_t j0 = 0;                                                                                         \
+        for (; j0 + LANES <= len; j0 += LANES) {                                                                \
+            _Pragma("omp simd")                                                                                 \
+            for (int k = 0; k < LANES; k++) {                                                                   \
+                const ACC v = EXPN(y[j0 + k] - base);                                                           \
+                e[j0 + k] = v;                                                                                  \
+                s[k] += v;                                                                                      \
+            }                                                                                                   \
+        }                                                                                                       \
+        for (int k = 0; j0 < len; j0++, k++) s[k] += e[j0] = EXPN(y[j0] - base);                                \
     }                                                                                                           \
                                                                                                                 \
     /* lse of one row, as base + log(total) with total = sum e^(y - base);                                      \
@@ -51,34 +71,30 @@ static inline void exp_block_f64(double *v, int64_t n) {
     OPSMITH_CPU_CLONES static ACC row_lse_##SUFFIX(int64_t n, const T *x, ACC cap, const ACC *w, ACC *wy,       \
                                                    ACC *base_out, ACC *total_out) {                             \
         const ACC inv_cap = cap > 0 ? (ACC)1 / cap : (ACC)0;                                                    \
-        ACC m[LANES], a[LANES], s[LANES], buf[BLOCK];                                                           \
+        ACC m[LANES], a[LANES], s[LANES], buf[BLOCK], e[BLOCK];                                                 \
         for (int k = 0; k < LANES; k++) m[k] = -INFINITY, a[k] = 0, s[k] = 0;                                   \
         for (int64_t b0 = 0; b0 < n; b0 += BLOCK) {                                                             \
             const int64_t len = n - b0 < BLOCK ? n - b0 : BLOCK;                                                \
-            load_##SUFFIX(x + b0, len, cap, inv_cap, buf);                                                      \
+            const ACC *y = load_##SUFFIX(x + b0, len, cap, inv_cap, buf);                                       \
             int64_t i = 0;                                                                                      \
             for (; i + LANES <= len; i += LANES) {                                                              \
                 /* without the pragma GCC keeps the lanes scalar */                                             \
                 _Pragma("omp simd")                                                                             \
-                for (int k = 0; k < LANES; k++) m[k] = buf[i + k] > m[k] ? buf[i + k] : m[k];                   \
+                for (int k = 0; k < LANES; k++) m[k] = y[i + k] > m[k] ? y[i + k] : m[k];                       \
             }                                                                                                   \
-            for (int k = 0; i < len; i++, k++) m[k] = buf[i] > m[k] ? buf[i] : m[k];                            \
+            for (int k = 0; i < len; i++, k++) m[k] = y[i] > m[k] ? y[i] : m[k];                                \
             if (wy) {                                                                                           \
-                if (w) OPSMITH_LANES_ADD(LANES, a, len, j, w[b0 + j] * buf[j]);                                 \
-                else OPSMITH_LANES_ADD(LANES, a, len, j, buf[j]);                                               \
+                if (w) OPSMITH_LANES_ADD(LANES, a, len, j, w[b0 + j] * y[j]);                                   \
+                else OPSMITH_LANES_ADD(LANES, a, len, j, y[j]);                                                 \
             }                                                                                                   \
         }                                                                                                       \
         ACC mx = -INFINITY, sum_wy = 0;                                                                         \
         for (int k = 0; k < LANES; k++) mx = m[k] > mx ? m[k] : mx, sum_wy += a[k];                             \
         if (wy) *wy = sum_wy;                                                                                   \
-        /* a row of -inf (or a NaN) gives NaN, as PyTorch */                                                    \
-        const ACC base = isfinite(mx) ? mx : (ACC)0;                                                            \
+        const ACC base = base_of_##SUFFIX(mx);                                                                  \
         for (int64_t b0 = 0; b0 < n; b0 += BLOCK) {                                                             \
             const int64_t len = n - b0 < BLOCK ? n - b0 : BLOCK;                                                \
-            load_##SUFFIX(x + b0, len, cap, inv_cap, buf);                                                      \
-            for (int64_t k = 0; k < len; k++) buf[k] -= base;                                                   \
-            EXPB(buf, len);                                                                                     \
-            OPSMITH_LANES_ADD(LANES, s, len, j, buf[j]);                                                        \
+            exp_sum_##SUFFIX(load_##SUFFIX(x + b0, len, cap, inv_cap, buf), len, base, e, s);                   \
         }                                                                                                       \
         ACC total = 0;                                                                                          \
         for (int k = 0; k < LANES; k++) total += s[k];                                                          \
@@ -96,12 +112,12 @@ static inline void exp_block_f64(double *v, int64_t n) {
         const ACC pc = coef / total;                                                                            \
         const ACC inv_cap = cap > 0 ? (ACC)1 / cap : (ACC)0;                                                    \
         const ACC y_t = cap_##SUFFIX(LOAD(x[t]), cap, inv_cap);                                                 \
-        ACC y[BLOCK], g[BLOCK];                                                                                 \
+        ACC buf[BLOCK], g[BLOCK];                                                                               \
         for (int64_t b0 = 0; b0 < n; b0 += BLOCK) {                                                             \
             const int64_t len = n - b0 < BLOCK ? n - b0 : BLOCK;                                                \
-            load_##SUFFIX(x + b0, len, cap, inv_cap, y);                                                        \
-            for (int64_t k = 0; k < len; k++) g[k] = y[k] - base;                                               \
-            EXPB(g, len);                                                                                       \
+            const ACC *y = load_##SUFFIX(x + b0, len, cap, inv_cap, buf);                                       \
+            _Pragma("omp simd")                                                                                 \
+            for (int64_t k = 0; k < len; k++) g[k] = EXPN(y[k] - base);                                         \
             /* (p coef - smooth w) dy scale, dy the softcap's slope */                                          \
             for (int64_t k = 0; k < len; k++) g[k] *= pc;                                                       \
             if (w) {                                                                                            \
@@ -114,8 +130,7 @@ static inline void exp_block_f64(double *v, int64_t n) {
             for (int64_t k = 0; k < len; k++) d[b0 + k] = STORE(g[k] * scale);                                  \
         }                                                                                                       \
         /* the target's own term, after the sweep: d may be x (in place) */                                     \
-        ACC e_t = y_t - base;                                                                                   \
-        EXPB(&e_t, 1);                                                                                          \
+        const ACC e_t = EXPN(y_t - base);                                                                       \
         const ACC dy_t = cap > 0 ? (ACC)1 - (y_t * inv_cap) * (y_t * inv_cap) : (ACC)1;                         \
         d[t] = STORE((e_t * pc - smooth * (w ? w[t] : (ACC)1) - target_coef) * dy_t * scale);                 \
     }                                                                                                           \
@@ -125,14 +140,14 @@ static inline void exp_block_f64(double *v, int64_t n) {
      * from them the gradient (p = e / sum) when d is not NULL: one pass of    \
      * loads and exponentials where the general path makes three. coef is     \
      * coef0 + z2 lse (the z-loss term needs lse). Returns lse; *wy as         \
-     * row_lse's. d may be x (in place): the row is in the buffer first. */    \
+     * row_lse's. d may be x (in place): every y is read before d is written. */\
     OPSMITH_CPU_CLONES static ACC row_small_##SUFFIX(int64_t n, const T *x, int64_t t, ACC cap, const ACC *w,  \
                                                      ACC *wy, ACC coef0, ACC z2, ACC smooth, ACC target_coef,  \
                                                      ACC scale, T *d) {                                        \
         const ACC inv_cap = cap > 0 ? (ACC)1 / cap : (ACC)0;                                                    \
-        ACC y[BLOCK], e[BLOCK], m[LANES], a[LANES], s[LANES];                                                   \
+        ACC buf[BLOCK], e[BLOCK], m[LANES], a[LANES], s[LANES];                                                 \
         for (int k = 0; k < LANES; k++) m[k] = -INFINITY, a[k] = 0, s[k] = 0;                                   \
-        load_##SUFFIX(x, n, cap, inv_cap, y);                                                                   \
+        const ACC *y = load_##SUFFIX(x, n, cap, inv_cap, buf);                                                  \
         int64_t i = 0;                                                                                          \
         for (; i + LANES <= n; i += LANES) {                                                                    \
             _Pragma("omp simd")                                                                                 \
@@ -146,18 +161,8 @@ static inline void exp_block_f64(double *v, int64_t n) {
         ACC mx = -INFINITY, sum_wy = 0;                                                                         \
         for (int k = 0; k < LANES; k++) mx = m[k] > mx ? m[k] : mx, sum_wy += a[k];                             \
         if (wy) *wy = sum_wy;                                                                                   \
-        const ACC base = isfinite(mx) ? mx : (ACC)0;                                                            \
-        /* e and its lane sums in one loop (the lanes of OPSMITH_LANES_ADD) */                                  \
-        int64_t j0 = 0;                                                                                         \
-        for (; j0 + LANES <= n; j0 += LANES) {                                                                  \
-            _Pragma("omp simd")                                                                                 \
-            for (int k = 0; k < LANES; k++) {                                                                   \
-                const ACC v = EXPN(y[j0 + k] - base);                                                           \
-                e[j0 + k] = v;                                                                                  \
-                s[k] += v;                                                                                      \
-            }                                                                                                   \
-        }                                                                                                       \
-        for (int k = 0; j0 < n; j0++, k++) s[k] += e[j0] = EXPN(y[j0] - base);                                  \
+        const ACC base = base_of_##SUFFIX(mx);                                                                  \
+        exp_sum_##SUFFIX(y, n, base, e, s);                                                                     \
         ACC total = 0;                                                                                          \
         for (int k = 0; k < LANES; k++) total += s[k];                                                          \
         const ACC lse = base + LOG(total);                                                                      \
@@ -264,10 +269,13 @@ static inline void exp_block_f64(double *v, int64_t n) {
         }                                                                                                       \
     }
 
-DEFINE_CROSS_ENTROPY(f64, double, double, LOAD_F64, STORE_F64, exp_block_f64, exp, log, tanh)
-DEFINE_CROSS_ENTROPY(f32, float, float, LOAD_F32, STORE_F32, opsmith_exp_block_f32, opsmith_exp_nonpos_f32, logf, tanhf)
-DEFINE_CROSS_ENTROPY(f16, uint16_t, float, LOAD_F16, STORE_F16, opsmith_exp_block_f32, opsmith_exp_nonpos_f32, logf, tanhf)
-DEFINE_CROSS_ENTROPY(bf16, uint16_t, float, LOAD_BF16, STORE_BF16, opsmith_exp_block_f32, opsmith_exp_nonpos_f32, logf, tanhf)
+/* float's exponentials, log and tanh, expanded into the argument list */
+#define CE_F32_MATH opsmith_exp_nonpos_f32, logf, tanhf
+#define DEFINE_CE(...) DEFINE_CROSS_ENTROPY(__VA_ARGS__)
+DEFINE_CE(f64, OPSMITH_DTYPE_F64, double, double, opsmith_widen_f64, LOAD_F64, STORE_F64, exp, log, tanh)
+DEFINE_CE(f32, OPSMITH_DTYPE_F32, float, float, opsmith_widen_f32, LOAD_F32, STORE_F32, CE_F32_MATH)
+DEFINE_CE(f16, OPSMITH_DTYPE_F16, uint16_t, float, opsmith_widen_f32, LOAD_F16, STORE_F16, CE_F32_MATH)
+DEFINE_CE(bf16, OPSMITH_DTYPE_BF16, uint16_t, float, opsmith_widen_f32, LOAD_BF16, STORE_BF16, CE_F32_MATH)
 
 opsmith_status opsmith_cross_entropy_fwd_cpu(opsmith_dtype dtype, int64_t rows, int64_t n, const void *logits,
                                              int64_t logits_row_stride, const int64_t *target, int64_t target_stride,

@@ -466,6 +466,29 @@ static void run_list(const ce_case *shapes, size_t count, int cuda, int cuda_onl
     }
 }
 
+/* a +inf logit makes its row's loss and gradient NaN (inf - inf), as
+ * PyTorch, and leaves the other rows alone: the small-row and the general
+ * CPU paths */
+static void test_infinite_logit(void)
+{
+    for (int64_t n = 8; n <= 300; n += 292) {
+        float x[2 * 300], loss[2], dl[2 * 300];
+        int64_t t[2] = {1, 2};
+        _Alignas(64) unsigned char ws[256];
+        for (int64_t i = 0; i < 2 * n; i++) x[i] = (float)((i * 7) % 11) * 0.25f - 1.0f;
+        x[3] = INFINITY;
+        const opsmith_status st = opsmith_cross_entropy_fwd_cpu(
+            OPSMITH_DTYPE_F32, 2, n, x, n, t, 1, NULL, -100, 0.0, 0.0, 0.0, OPSMITH_CROSS_ENTROPY_REDUCTION_NONE, loss,
+            NULL, NULL, dl, n, NULL, ws, sizeof ws);
+        CHECK(st == OPSMITH_STATUS_SUCCESS, "n=%lld: status %d", (long long)n, (int)st);
+        int row0_nan = isnan(loss[0]), row1_finite = isfinite(loss[1]);
+        for (int64_t c = 0; c < n; c++) row0_nan &= isnan(dl[c]) != 0, row1_finite &= isfinite(dl[n + c]) != 0;
+        CHECK(row0_nan, "n=%lld: a +inf logit must make its row's loss and gradient NaN (loss %g)", (long long)n,
+              (double)loss[0]);
+        CHECK(row1_finite, "n=%lld: the row without one must stay finite (loss %g)", (long long)n, (double)loss[1]);
+    }
+}
+
 HARNESS_GROUP(test_cross_entropy)
 {
     const int cuda = cuda_begin();
@@ -487,6 +510,7 @@ HARNESS_GROUP(test_cross_entropy)
         {0, 0, 16, 0, 0, 0, 0, 0.0, 0.0, 0.0, SUM, 0, 0},
     };
     run_list(shapes, sizeof shapes / sizeof shapes[0], cuda, 0, 0xCE5EEDull);
+    test_infinite_logit();
     /* CUDA's on-chip plans (online_softmax.cuh: a CTA a row up to ~72 KB a
      * slice, then clusters of 2, 4, 8; float64 262144 is too wide: the
      * streaming kernel), with every option: Llama 3's and Gemma's
