@@ -1,7 +1,8 @@
 """`python -m opsmith bench --device cpu`: every op with a benchmark against
 eager PyTorch on this machine's CPU, forward and forward+backward, at the
-shapes CPU kernels are judged at (256x1024, 64x4096, 4096x4096) in float32,
-bfloat16 and float16, with torch's thread count.
+shapes CPU kernels are judged at (256x1024, 64x4096, 4096x4096, or the op's
+BenchSpec.cpu_shapes) in float32, bfloat16 and float16, with torch's thread
+count.
 
 Timing: wall clock (perf_counter) of back-to-back calls; each measurement is
 the median of REPEATS batches, a batch long enough (>= BATCH_S) that timer
@@ -115,7 +116,6 @@ def write_results(out_dir: str, meta: dict, rows: list, lines: List[str]) -> Non
 
 def run(ops: Optional[List[str]], quick: bool, out_dir: str, dtypes: Optional[List[str]] = None) -> int:
     specs = [s for s in load_specs() if s.bench is not None and (not ops or s.name in ops)]
-    shapes = QUICK_SHAPES if quick else CPU_SHAPES
     meta = {
         "date": datetime.date.today().isoformat(),
         "device": "cpu",
@@ -133,6 +133,7 @@ def run(ops: Optional[List[str]], quick: bool, out_dir: str, dtypes: Optional[Li
         eager = baseline_of(spec.bench)
         if eager is None or OURS not in spec.bench.providers:
             continue
+        shapes = QUICK_SHAPES if quick else (spec.bench.cpu_shapes or CPU_SHAPES)
         for dname in dtypes or list(DTYPES):
             for r, n in shapes:
                 for backward in (False, True):

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "convert.h"
+#include "cpu_load_store.h" /* LOAD_<DT>, STORE_<DT>: float16 branch-free, so the tile loops vectorize */
 #include "internal/rotary.h"
 
 #include "cpu_clones.h"
@@ -27,15 +28,6 @@ static double load_cs(opsmith_dtype dt, const void *p, int64_t i) {
 /* Index of the first and second element of pair i. */
 static inline int64_t pair_a(int interleaved, int64_t half, int64_t i) { (void)half; return interleaved ? 2 * i : i; }
 static inline int64_t pair_b(int interleaved, int64_t half, int64_t i) { return interleaved ? 2 * i + 1 : i + half; }
-
-#define LOAD_F64(v) (v)
-#define STORE_F64(v) (v)
-#define LOAD_F32(v) (v)
-#define STORE_F32(v) (v)
-#define LOAD_F16(v) opsmith_f16_to_f32(v)
-#define STORE_F16(v) opsmith_f32_to_f16(v)
-#define LOAD_BF16(v) opsmith_bf16_to_f32(v)
-#define STORE_BF16(v) opsmith_f32_to_bf16(v)
 
 /* One head's pairs [i0, i0 + m): out[a] = x[a] ca - x[b] sa, out[b] = x[b] cb + x[a] sb
  * (the backward's sines arrive already swapped and negated). */

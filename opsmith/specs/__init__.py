@@ -116,6 +116,9 @@ class BenchSpec:
     hidden_sizes: List[int] = field(default_factory=list)
     row_counts: List[int] = field(default_factory=list)
     quick_shapes: List[Tuple[int, int]] = field(default_factory=list)
+    # (rows, n) for `bench --device cpu` where the norms' 256x1024, 64x4096,
+    # 4096x4096 mean something else (empty: those)
+    cpu_shapes: List[Tuple[int, int]] = field(default_factory=list)
     # device -> {name: fn()}: the public calls whose host time per call is measured
     host_calls: Optional[Callable[[Any], Dict[str, Callable]]] = None
 

@@ -247,6 +247,8 @@ _BENCH = BenchSpec(
     # batch 4, seq 1 (decoding) to 32768
     row_counts=[4, 64, 1024, 4096, 16384, 65536, 131072],
     quick_shapes=[(16384, 128), (16384, 64), (16384, 256), (131072, 128), (1024, 128), (4, 128)],
+    # tokens x head_dim (32 + 8 heads): a decode batch, a prefill, a long prefill
+    cpu_shapes=[(4, 128), (1024, 128), (4096, 128)],
     host_calls=None,
 )
 
