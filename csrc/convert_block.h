@@ -53,13 +53,13 @@ static inline uint16_t opsmith_block_f32_to_f16(float f) {
 #include <immintrin.h>
 #define OPSMITH_HAVE_F16C_PATH 1
 
-__attribute__((target("avx,f16c"))) static void opsmith_widen_f16_f16c(const uint16_t *p, int64_t n, float *out) {
+__attribute__((target("avx,f16c"))) static void opsmith_widen_f16_ymm(const uint16_t *p, int64_t n, float *out) {
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + i))));
     for (; i < n; i++) out[i] = _cvtsh_ss(p[i]);
 }
 
-__attribute__((target("avx,f16c"))) static void opsmith_narrow_f16_f16c(const float *in, int64_t n, uint16_t *p) {
+__attribute__((target("avx,f16c"))) static void opsmith_narrow_f16_ymm(const float *in, int64_t n, uint16_t *p) {
     int64_t i = 0;
     for (; i + 8 <= n; i += 8)
         _mm_storeu_si128((__m128i *)(p + i),
@@ -67,10 +67,44 @@ __attribute__((target("avx,f16c"))) static void opsmith_narrow_f16_f16c(const fl
     for (; i < n; i++) p[i] = _cvtss_sh(in[i], _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 }
 
-static int opsmith_cpu_has_f16c(void) {
-    static int has = -1; /* a benign race: every thread computes the same value */
-    if (has < 0) has = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
-    return has;
+/* the same conversions 16 at a time (AVX-512F's forms of the F16C instructions: the same bits) */
+__attribute__((target("avx512f,f16c"))) static void opsmith_widen_f16_zmm(const uint16_t *p, int64_t n, float *out) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(out + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + i))));
+    opsmith_widen_f16_ymm(p + i, n - i, out + i);
+}
+
+__attribute__((target("avx512f,f16c"))) static void opsmith_narrow_f16_zmm(const float *in, int64_t n, uint16_t *p) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm256_storeu_si256((__m256i *)(p + i),
+                            _mm512_cvtps_ph(_mm512_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    opsmith_narrow_f16_ymm(in + i, n - i, p + i);
+}
+
+/* 0: no F16C, 1: F16C, 2: F16C and AVX-512F (a benign race: every thread
+ * computes the same value) */
+static int opsmith_cpu_f16_level(void) {
+    static int level = -1;
+    if (level < 0)
+        level = !(__builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx")) ? 0
+                : __builtin_cpu_supports("avx512f")                                ? 2
+                                                                                   : 1;
+    return level;
+}
+
+static int opsmith_cpu_has_f16c(void) { return opsmith_cpu_f16_level() > 0; }
+
+/* float16 <-> float through the widest F16C form the CPU has (call only
+ * when opsmith_cpu_has_f16c()) */
+static inline void opsmith_widen_f16_f16c(const uint16_t *p, int64_t n, float *out) {
+    if (opsmith_cpu_f16_level() == 2) opsmith_widen_f16_zmm(p, n, out);
+    else opsmith_widen_f16_ymm(p, n, out);
+}
+
+static inline void opsmith_narrow_f16_f16c(const float *in, int64_t n, uint16_t *p) {
+    if (opsmith_cpu_f16_level() == 2) opsmith_narrow_f16_zmm(in, n, p);
+    else opsmith_narrow_f16_ymm(in, n, p);
 }
 #else
 #define OPSMITH_HAVE_F16C_PATH 0

@@ -61,6 +61,20 @@
 #define LN_FOLD8(a, b) (a[0] += b[0], a[1] += b[1], a[2] += b[2], a[3] += b[3], \
                         a[4] += b[4], a[5] += b[5], a[6] += b[6], a[7] += b[7])
 
+/* y[b0 + i] = EXPR for i < len: bfloat16 rounded in the same loop (no
+ * float block stored and read back), float16 through the block (F16C), the
+ * accumulate type straight into y (ob is y there) */
+#define LN_STORE(SUFFIX, EXPR)                                                                    \
+    do {                                                                                          \
+        if (a->xd == OPSMITH_DTYPE_BF16) {                                                        \
+            uint16_t *y16_ = (uint16_t *)(void *)yr + b0;                                         \
+            for (int64_t i = 0; i < len; i++) y16_[i] = opsmith_f32_to_bf16((float)(EXPR));      \
+        } else {                                                                                  \
+            for (int64_t i = 0; i < len; i++) ob[i] = (EXPR);                                     \
+            opsmith_narrow_##SUFFIX(a->xd, ob, yr, b0, len);                                      \
+        }                                                                                         \
+    } while (0)
+
 /* Rows of up to ROW_BYTES of the accumulate type are widened once, not
  * once a pass (the blocks and sums are the same either way). */
 #define ROW_BYTES 16384
@@ -110,11 +124,14 @@ typedef struct bwd_args {
         for (int64_t r = r0; r < r1; r++) {                                                       \
             const char *xr = (const char *)a->x + r * a->xs * es;                                 \
             char *yr = (char *)a->y + r * a->ys * es;                                             \
-            const ACC *xw = whole_##SUFFIX(a->xd, xr, n, xrow);                                   \
+            /* the first pass widens each block (into the row buffer when the                     \
+             * row fits) right before summing it, while it is in L1 */                            \
+            ACC *fill = a->xd != ACC_DT && n * (int64_t)sizeof(ACC) <= ROW_BYTES ? xrow : NULL;   \
+            const ACC *xw = a->xd == ACC_DT ? (const ACC *)(const void *)xr : fill;               \
             ACC blocks[LANES] = {0};                                                              \
             for (int64_t b0 = 0, nb = 0; b0 < n; b0 += BLOCK, nb++) {                             \
                 const int64_t len = n - b0 < BLOCK ? n - b0 : BLOCK;                              \
-                const ACC *xb = block_##SUFFIX(xw, a->xd, xr, b0, len, xbuf);                     \
+                const ACC *xb = opsmith_widen_##SUFFIX(a->xd, xr, b0, len, fill ? fill + b0 : xbuf); \
                 LN_LANES(ACC, l);                                                                 \
                 LN_LANES_ADD(ACC, l, len, j, xb[j]);                                              \
                 blocks[nb % LANES] += LN_LANES_TOTAL(l);                                          \
@@ -139,14 +156,13 @@ typedef struct bwd_args {
                 ACC *ob = opsmith_out_##SUFFIX(a->xd, yr, b0, obuf);                              \
                 /* element by element, so ob may be x itself (in place) */                        \
                 if (wb && bb)                                                                     \
-                    for (int64_t i = 0; i < len; i++) ob[i] = (xb[i] - mu) * rs * wb[i] + bb[i];  \
+                    LN_STORE(SUFFIX, (xb[i] - mu) * rs * wb[i] + bb[i]);                          \
                 else if (wb)                                                                      \
-                    for (int64_t i = 0; i < len; i++) ob[i] = (xb[i] - mu) * rs * wb[i];          \
+                    LN_STORE(SUFFIX, (xb[i] - mu) * rs * wb[i]);                                  \
                 else if (bb)                                                                      \
-                    for (int64_t i = 0; i < len; i++) ob[i] = (xb[i] - mu) * rs + bb[i];          \
+                    LN_STORE(SUFFIX, (xb[i] - mu) * rs + bb[i]);                                  \
                 else                                                                              \
-                    for (int64_t i = 0; i < len; i++) ob[i] = (xb[i] - mu) * rs;                  \
-                opsmith_narrow_##SUFFIX(a->xd, ob, yr, b0, len);                                  \
+                    LN_STORE(SUFFIX, (xb[i] - mu) * rs);                                          \
             }                                                                                     \
         }                                                                                         \
     }                                                                                             \

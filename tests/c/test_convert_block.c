@@ -1,7 +1,8 @@
 /* csrc/convert_block.h against csrc/convert.h: the CPU kernels convert
- * float16 three ways (convert.h's scalar functions, convert_block.h's
- * branch-free ones that vectorize, and F16C where the CPU has it) and
- * promise the same bits from each. Every float16 widened; every 4099th
+ * float16 up to four ways (convert.h's scalar functions, convert_block.h's
+ * branch-free ones that vectorize, F16C 8 at a time, and its AVX-512 form
+ * 16 at a time, where the CPU has them) and promise the same bits from
+ * each. Every float16 widened; every 4099th
  * float and the neighbourhoods of each rounding boundary narrowed. */
 #include <stdint.h>
 #include <string.h>
@@ -23,15 +24,17 @@ static float float_of(uint32_t u)
     return f;
 }
 
-/* narrows n floats every way there is and checks they agree */
+/* narrows n floats every way this CPU has and checks they agree */
 static int narrow_agrees(const float *x, int n, uint32_t *bad)
 {
-    uint16_t block[256], hw[256];
+    uint16_t block[256], ymm[256], zmm[256];
+    const int level = opsmith_cpu_f16_level();
     for (int i = 0; i < n; i++) block[i] = opsmith_block_f32_to_f16(x[i]);
-    opsmith_narrow_f32(OPSMITH_DTYPE_F16, x, hw, 0, n); /* F16C where present */
+    if (level >= 1) opsmith_narrow_f16_ymm(x, n, ymm);
+    if (level >= 2) opsmith_narrow_f16_zmm(x, n, zmm);
     for (int i = 0; i < n; i++) {
         const uint16_t want = opsmith_f32_to_f16(x[i]);
-        if (block[i] != want || hw[i] != want) {
+        if (block[i] != want || (level >= 1 && ymm[i] != want) || (level >= 2 && zmm[i] != want)) {
             *bad = bits_of(x[i]);
             return 0;
         }
@@ -43,16 +46,22 @@ HARNESS_GROUP(test_convert_block)
 {
     /* widening: all 65536 float16 values */
     static uint16_t h[65536];
-    static float wide[65536];
+    static float ymm[65536], zmm[65536];
+    const int level = opsmith_cpu_f16_level();
     for (uint32_t i = 0; i < 65536; i++) h[i] = (uint16_t)i;
-    volatile int64_t count = 65536; /* not a constant: the F16C loop's tail stays a plain loop */
-    const float *hw = opsmith_widen_f32(OPSMITH_DTYPE_F16, h, 0, count, wide);
+    volatile int64_t count = 65535; /* not a constant, and odd: the vector loops' tails run too */
+    if (level >= 1) opsmith_widen_f16_ymm(h, count, ymm);
+    if (level >= 2) opsmith_widen_f16_zmm(h, count, zmm);
     int widen_bad = -1;
-    for (uint32_t i = 0; i < 65536 && widen_bad < 0; i++) {
+    for (uint32_t i = 0; i < 65535 && widen_bad < 0; i++) {
         const uint32_t want = bits_of(opsmith_f16_to_f32(h[i]));
-        if (bits_of(opsmith_block_f16_to_f32(h[i])) != want || bits_of(hw[i]) != want) widen_bad = (int)i;
+        if (bits_of(opsmith_block_f16_to_f32(h[i])) != want || (level >= 1 && bits_of(ymm[i]) != want) ||
+            (level >= 2 && bits_of(zmm[i]) != want))
+            widen_bad = (int)i;
     }
-    CHECK(widen_bad < 0, "float16 0x%04x widens differently across convert.h, convert_block.h and F16C", widen_bad);
+    CHECK(bits_of(opsmith_block_f16_to_f32(0xffff)) == bits_of(opsmith_f16_to_f32(0xffff)), "float16 0xffff widens differently");
+    CHECK(widen_bad < 0, "float16 0x%04x widens differently across convert.h, convert_block.h and F16C (CPU level %d)",
+          widen_bad, level);
 
     /* narrowing: a sweep of the whole float range, then each boundary
      * (subnormal unit, smallest normal, largest finite, the overflow
