@@ -66,6 +66,30 @@
         for (int k = 0; j0 < len; j0++, k++) s[k] += e[j0] = EXPN(y[j0] - base);                                \
     }                                                                                                           \
                                                                                                                 \
+    /* the lanes m of the max of y[j], j < len, and a of sum w[j] y[j] (y[j]                                    \
+     * without a weight) when wy is wanted */                                                                   \
+    static inline void max_wsum_##SUFFIX(const ACC *y, int64_t len, const ACC *w, int want_wy, ACC *m, ACC *a) { \
+        int64_t i = 0;                                                                                          \
+        for (; i + LANES <= len; i += LANES) {                                                                  \
+            /* without the pragma GCC keeps the lanes scalar */                                                 \
+            _Pragma("omp simd")                                                                                 \
+            for (int k = 0; k < LANES; k++) m[k] = y[i + k] > m[k] ? y[i + k] : m[k];                           \
+        }                                                                                                       \
+        for (int k = 0; i < len; i++, k++) m[k] = y[i] > m[k] ? y[i] : m[k];                                    \
+        if (want_wy) {                                                                                          \
+            if (w) OPSMITH_LANES_ADD(LANES, a, len, j, w[j] * y[j]);                                            \
+            else OPSMITH_LANES_ADD(LANES, a, len, j, y[j]);                                                     \
+        }                                                                                                       \
+    }                                                                                                           \
+                                                                                                                \
+    /* the row's shift from the max lanes m, and *wy from the lanes a when wanted */                            \
+    static inline ACC row_base_##SUFFIX(const ACC *m, const ACC *a, ACC *wy) {                                  \
+        ACC mx = -INFINITY, sum_wy = 0;                                                                         \
+        for (int k = 0; k < LANES; k++) mx = m[k] > mx ? m[k] : mx, sum_wy += a[k];                             \
+        if (wy) *wy = sum_wy;                                                                                   \
+        return base_of_##SUFFIX(mx);                                                                            \
+    }                                                                                                           \
+                                                                                                                \
     /* lse of one row, as base + log(total) with total = sum e^(y - base);                                      \
      * *wy = sum_c w[c] y[c] when wy is not NULL */                                                             \
     OPSMITH_CPU_CLONES static ACC row_lse_##SUFFIX(int64_t n, const T *x, ACC cap, const ACC *w, ACC *wy,       \
@@ -75,23 +99,9 @@
         for (int k = 0; k < LANES; k++) m[k] = -INFINITY, a[k] = 0, s[k] = 0;                                   \
         for (int64_t b0 = 0; b0 < n; b0 += BLOCK) {                                                             \
             const int64_t len = n - b0 < BLOCK ? n - b0 : BLOCK;                                                \
-            const ACC *y = load_##SUFFIX(x + b0, len, cap, inv_cap, buf);                                       \
-            int64_t i = 0;                                                                                      \
-            for (; i + LANES <= len; i += LANES) {                                                              \
-                /* without the pragma GCC keeps the lanes scalar */                                             \
-                _Pragma("omp simd")                                                                             \
-                for (int k = 0; k < LANES; k++) m[k] = y[i + k] > m[k] ? y[i + k] : m[k];                       \
-            }                                                                                                   \
-            for (int k = 0; i < len; i++, k++) m[k] = y[i] > m[k] ? y[i] : m[k];                                \
-            if (wy) {                                                                                           \
-                if (w) OPSMITH_LANES_ADD(LANES, a, len, j, w[b0 + j] * y[j]);                                   \
-                else OPSMITH_LANES_ADD(LANES, a, len, j, y[j]);                                                 \
-            }                                                                                                   \
+            max_wsum_##SUFFIX(load_##SUFFIX(x + b0, len, cap, inv_cap, buf), len, w ? w + b0 : NULL, wy != NULL, m, a); \
         }                                                                                                       \
-        ACC mx = -INFINITY, sum_wy = 0;                                                                         \
-        for (int k = 0; k < LANES; k++) mx = m[k] > mx ? m[k] : mx, sum_wy += a[k];                             \
-        if (wy) *wy = sum_wy;                                                                                   \
-        const ACC base = base_of_##SUFFIX(mx);                                                                  \
+        const ACC base = row_base_##SUFFIX(m, a, wy);                                                           \
         for (int64_t b0 = 0; b0 < n; b0 += BLOCK) {                                                             \
             const int64_t len = n - b0 < BLOCK ? n - b0 : BLOCK;                                                \
             exp_sum_##SUFFIX(load_##SUFFIX(x + b0, len, cap, inv_cap, buf), len, base, e, s);                   \
@@ -148,20 +158,8 @@
         ACC buf[BLOCK], e[BLOCK], m[LANES], a[LANES], s[LANES];                                                 \
         for (int k = 0; k < LANES; k++) m[k] = -INFINITY, a[k] = 0, s[k] = 0;                                   \
         const ACC *y = load_##SUFFIX(x, n, cap, inv_cap, buf);                                                  \
-        int64_t i = 0;                                                                                          \
-        for (; i + LANES <= n; i += LANES) {                                                                    \
-            _Pragma("omp simd")                                                                                 \
-            for (int k = 0; k < LANES; k++) m[k] = y[i + k] > m[k] ? y[i + k] : m[k];                           \
-        }                                                                                                       \
-        for (int k = 0; i < n; i++, k++) m[k] = y[i] > m[k] ? y[i] : m[k];                                      \
-        if (wy) {                                                                                               \
-            if (w) OPSMITH_LANES_ADD(LANES, a, n, j, w[j] * y[j]);                                              \
-            else OPSMITH_LANES_ADD(LANES, a, n, j, y[j]);                                                       \
-        }                                                                                                       \
-        ACC mx = -INFINITY, sum_wy = 0;                                                                         \
-        for (int k = 0; k < LANES; k++) mx = m[k] > mx ? m[k] : mx, sum_wy += a[k];                             \
-        if (wy) *wy = sum_wy;                                                                                   \
-        const ACC base = base_of_##SUFFIX(mx);                                                                  \
+        max_wsum_##SUFFIX(y, n, w, wy != NULL, m, a);                                                           \
+        const ACC base = row_base_##SUFFIX(m, a, wy);                                                           \
         exp_sum_##SUFFIX(y, n, base, e, s);                                                                     \
         ACC total = 0;                                                                                          \
         for (int k = 0; k < LANES; k++) total += s[k];                                                          \
@@ -201,8 +199,7 @@
         for (int64_t c = 0; c < n; c++) wsum += w ? w[c] : (ACC)1;                                              \
         const ACC scale = red == OPSMITH_CROSS_ENTROPY_REDUCTION_MEAN ? (ACC)1 / denom : (ACC)1;                \
         const ACC ls_n = ls / (ACC)n;                                                                           \
-        /* z-loss rows only with a z-loss (the workspace has them then) */                                   \
-        ACC *loss_rows = ws, *z_rows = z > 0 ? ws + rows : NULL;                                                \
+        ACC *loss_rows = ws, *z_rows = (ACC *)opsmith_internal_cross_entropy_z_rows(ws, rows, z, sizeof(ACC)); \
         _Pragma("omp parallel for schedule(dynamic, 1) num_threads(threads) if(rows > 1 && rows * n > 65536)")  \
         for (int64_t r = 0; r < rows; r++) {                                                                    \
             const T *xr = x + r * xs;                                                                           \

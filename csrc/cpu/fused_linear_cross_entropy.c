@@ -123,9 +123,9 @@ DEFINE_FLCE(d, double, OPSMITH_DTYPE_F64, opsmith_cpu_gemm_f64)
                 label_smoothing, z_loss, softcap, OPSMITH_CROSS_ENTROPY_REDUCTION_SUM, &scratch, NULL, NULL,      \
                 grads ? logits : NULL, vocab, NULL, ws + l.ce, l.ce_bytes);                                       \
             if (st != OPSMITH_STATUS_SUCCESS) return st;                                                          \
-            /* the cross-entropy workspace: c losses, then c z-losses when z_loss > 0 */                          \
             const ACC *per_row = (const ACC *)(ws + l.ce);                                                        \
-            for (int64_t i = 0; i < c; i++) total += per_row[i], z_total += z_loss > 0 ? per_row[c + i] : (ACC)0; \
+            const ACC *z_rows = (const ACC *)opsmith_internal_cross_entropy_z_rows(ws + l.ce, c, z_loss, sizeof(ACC)); \
+            for (int64_t i = 0; i < c; i++) total += per_row[i], z_total += z_rows ? z_rows[i] : (ACC)0;          \
             if (dhidden)                                                                                          \
                 dhidden_##S(dtype, c, dim, vocab, logits, weight, scale, (char *)dhidden + (size_t)r0 * dim * size, \
                             threads);                                                                             \

@@ -390,7 +390,7 @@ opsmith_status fwd(int64_t rows, int64_t n, const void *x, int64_t xs, const int
                    void *dl, int64_t dls, int64_t *error, void *workspace, cudaStream_t stream) {
     using A = typename Storage<D>::Acc;
     A *ws = static_cast<A *>(workspace);
-    A *zr = z > 0 ? ws + rows : nullptr; /* opsmith_cross_entropy_fwd_workspace_size's layout */
+    A *zr = static_cast<A *>(opsmith_internal_cross_entropy_z_rows(ws, rows, z, sizeof(A)));
     A *dw = ws + (zr ? 2 : 1) * rows;
     opsmith_status st = prep<D>(rows, n, tg, ts, w, ignore, dw, stream);
     if (st == OPSMITH_STATUS_SUCCESS)

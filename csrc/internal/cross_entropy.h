@@ -53,9 +53,15 @@ OPSMITH_INTERNAL opsmith_status opsmith_internal_cross_entropy_finish_cuda(opsmi
                                                                            void *loss, void *z_out,
                                                                            opsmith_cuda_stream stream);
 
-/* After opsmith_cross_entropy_fwd_cpu returns, its workspace holds the
- * per-row losses at [0, rows) and z-losses at [rows, 2 rows), in A (what
+/* The forward's workspace, in A (acc bytes each): the per-row losses at
+ * [0, rows), the per-row z-losses at [rows, 2 rows) only when z_loss > 0,
+ * then the denominator and W (opsmith_cross_entropy_fwd_workspace_size).
+ * The z-loss rows, or NULL when there are none. After
+ * opsmith_cross_entropy_fwd_cpu returns, both hold that call's rows (what
  * fused_linear_cross_entropy's CPU path reduces over every chunk). */
+static inline void *opsmith_internal_cross_entropy_z_rows(void *workspace, int64_t rows, double z_loss, size_t acc) {
+    return z_loss > 0.0 ? (void *)((char *)workspace + (size_t)rows * acc) : NULL;
+}
 
 #ifdef __cplusplus
 }
