@@ -1,7 +1,7 @@
-/* What the CPU row kernels (rms_norm.c, layer_norm.c) share: the clone
- * attribute of their row workers, row sums in fixed lanes, and the column
- * sums of per-chunk partial rows that make their weight gradients
- * deterministic. Header-only, static; works on the blocks of
+/* What the CPU row kernels (rms_norm.c, layer_norm.c) share: row sums in
+ * fixed lanes, and the column sums of per-chunk partial rows that make
+ * their weight gradients deterministic (and, included from here, the clone
+ * attribute of cpu_clones.h). Header-only, static; works on the blocks of
  * convert_block.h. */
 #ifndef OPSMITH_CPU_ROWS_H
 #define OPSMITH_CPU_ROWS_H
