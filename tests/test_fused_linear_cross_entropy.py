@@ -171,8 +171,10 @@ def test_route_a_equals_route_b(device):
 @pytest.mark.parametrize("device", DEVICES)
 def test_no_grad_and_partial_grads(device):
     h, w, b, t = make(17, 16, 45, torch.float32, device)
+    # the same chunks as the calls below: on CUDA the logits' products (cuBLASLt) round
+    # by their shape, so only equal chunks promise equal bits
     with torch.no_grad():
-        l0 = fused_linear_cross_entropy(h, w, t, b)
+        l0 = fused_linear_cross_entropy(h, w, t, b, chunk_size=4)
     assert l0.grad_fn is None
     # a frozen head: only hidden's gradient
     hg = h.clone().requires_grad_()
