@@ -5,8 +5,15 @@ optimizer) of a Hugging Face Llama with the Llama-3.2-1B configuration
     hf_eager         Hugging Face as it is (fused torch AdamW)
     hf_compile       the same under torch.compile
     liger            Liger-Kernel's apply_liger_kernel_to_llama (fused torch AdamW)
-    opsmith          opsmith.hf.patch_llama (and opsmith's AdamW where this build has it)
-    opsmith_compile  the same under torch.compile
+    opsmith          opsmith.hf.patch_llama (fused torch AdamW: the kernels
+                     compared with the optimizer held equal)
+    opsmith_adamw    opsmith.hf.patch_llama and opsmith.optim.AdamW, whose
+                     moments are float32 whatever the param dtype (torch's
+                     are in the param's dtype: 4 more bytes a bf16 param)
+    opsmith_compile  opsmith (fused torch AdamW) under torch.compile
+
+Peak memory is reported for the step and for each of its phases (forward,
+backward, optimizer), each from the allocation at the start of that phase.
 
 Each configuration runs in its own process (patches are process-wide and
 memory is measured from a clean start): tokens/s over timed steps after
@@ -20,7 +27,7 @@ import subprocess
 import sys
 import time
 
-CONFIGS = ("hf_eager", "hf_compile", "liger", "opsmith", "opsmith_compile")
+CONFIGS = ("hf_eager", "hf_compile", "liger", "opsmith", "opsmith_adamw", "opsmith_compile")
 
 LLAMA_3_2_1B = dict(
     vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
@@ -54,25 +61,35 @@ def one(config: str, batch: int, seq: int, steps: int, warmup: int, device: str 
     cfg._attn_implementation = "sdpa"
     model = transformers.LlamaForCausalLM(cfg).to(device=device, dtype=torch.bfloat16)
     model.train()
-    opt = None
-    if config.startswith("opsmith"):
-        try:
-            import opsmith.optim
-            opt = opsmith.optim.AdamW(model.parameters(), lr=1e-5)
-            optimizer_name = "opsmith AdamW"
-        except ImportError:
-            pass
-    if opt is None:
+    if config == "opsmith_adamw":
+        import opsmith.optim
+        opt = opsmith.optim.AdamW(model.parameters(), lr=1e-5)
+        optimizer_name = "opsmith AdamW"
+    else:
         opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=cuda)
     step_model = torch.compile(model) if config.endswith("compile") else model
     g = torch.Generator(device=device).manual_seed(1)  # the same tokens for every configuration
     ids = torch.randint(0, cfg.vocab_size, (batch, seq), device=device, generator=g)
 
-    def step():
+    def step(phases=None):
+        # phases: a dict to fill with each phase's peak allocation (GiB);
+        # resetting the peak per phase, so never inside the timed steps
+        def phase(name, fn):
+            if phases is None:
+                return fn()
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            out = fn()
+            torch.cuda.synchronize()
+            phases[name] = torch.cuda.max_memory_allocated() / 2**30
+            return out
+
         opt.zero_grad(set_to_none=True)
-        loss = step_model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        opt.step()
+        if phases is not None:
+            phases["before"] = torch.cuda.memory_allocated() / 2**30
+        loss = phase("forward", lambda: step_model(input_ids=ids, labels=ids).loss)
+        phase("backward", loss.backward)
+        phase("optimizer", opt.step)
         return loss
 
     for _ in range(warmup):
@@ -86,9 +103,13 @@ def one(config: str, batch: int, seq: int, steps: int, warmup: int, device: str 
     if cuda:
         torch.cuda.synchronize()
     ms = (time.perf_counter() - t0) * 1e3 / steps
+    peak_gib, phase_gib = float("nan"), {}
+    if cuda:
+        peak_gib = torch.cuda.max_memory_allocated() / 2**30
+        step(phase_gib)  # params, grads and optimizer state before the step, then each phase's peak
     return {"config": config, "batch": batch, "seq": seq, "ms_per_step": ms,
             "tokens_per_s": batch * seq / (ms / 1e3),
-            "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else float("nan"),
+            "peak_gib": peak_gib, "phase_gib": phase_gib,
             "loss": loss.item(), "optimizer": optimizer_name, "transformers": transformers.__version__,
             "torch": torch.__version__, "gpu": torch.cuda.get_device_name() if cuda else "cpu"}
 
@@ -127,14 +148,18 @@ def max_batch(config, seq, timeout, limit=64):
 
 
 def table(results) -> str:
-    rows = ["| configuration | batch x seq | tokens/s | ms/step | peak GiB | max batch | optimizer | loss |",
-            "|---|---|---|---|---|---|---|---|"]
+    rows = ["| configuration | batch x seq | tokens/s | ms/step | peak GiB | before / forward / backward / "
+            "optimizer peak GiB | max batch | optimizer | loss |",
+            "|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         if "error" in r:
-            rows.append(f"| {r['config']} | {r.get('batch')} | failed: {r['error']} | | | | | |")
+            rows.append(f"| {r['config']} | {r.get('batch')} | failed: {r['error']} | | | | | | |")
             continue
+        ph = r.get("phase_gib") or {}
+        phases = " / ".join(f"{ph[k]:.1f}" for k in ("before", "forward", "backward", "optimizer") if k in ph)
         rows.append(f"| {r['config']} | {r['batch']}x{r['seq']} | {r['tokens_per_s']:,.0f} | {r['ms_per_step']:.1f} | "
-                    f"{r['peak_gib']:.1f} | {r.get('max_batch', '')} | {r['optimizer']} | {r['loss']:.4f} |")
+                    f"{r['peak_gib']:.1f} | {phases} | {r.get('max_batch', '')} | {r['optimizer']} | "
+                    f"{r['loss']:.4f} |")
     return "\n".join(rows)
 
 
