@@ -17,13 +17,16 @@
  * still ends after the one before it, so the call's last launch ends after
  * all of them and work queued after the call sees every update. Without
  * the overlap every launch of the 8000-tensor set paid its fill and drain
- * (about a third of its time).
+ * (about a third of its time). The gradient norm's launches overlap the
+ * same way.
  *
  * Inside a chunk every thread moves 4 elements at a time: 16-byte loads of
  * the float32 roles (8-byte for 16-bit params and grads) where every
  * pointer of the chunk is aligned to it, element by element otherwise and
  * for the chunk's tail. All arithmetic is float32 (bias corrections in
  * double, as torch computes them from Python floats). */
+#include <utility>
+
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -215,9 +218,11 @@ template <typename P, typename G> __device__ __forceinline__ void step_chunk(con
     }
 }
 
-/* One launch of the step; `overlap`: it may start while the previous one drains. */
-template <typename P, typename G>
-void launch_step(int32_t blocks, cudaStream_t stream, bool overlap, const StepTable &tab, const StepScalars &s) {
+/* One launch of a call (THREADS a block); `overlap`: it may start while the
+ * previous one drains (the kernel lets the next start and waits for the
+ * previous at its end). */
+template <typename... Params, typename... Args>
+void launch_in_call(void (*kernel)(Params...), int32_t blocks, cudaStream_t stream, bool overlap, Args &&...args) {
     cudaLaunchConfig_t cfg = {};
     cudaLaunchAttribute attr;
     attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -227,7 +232,7 @@ void launch_step(int32_t blocks, cudaStream_t stream, bool overlap, const StepTa
     cfg.stream = stream;
     cfg.attrs = &attr;
     cfg.numAttrs = overlap ? 1 : 0;
-    cudaLaunchKernelEx(&cfg, adamw_step_kernel<P, G>, tab, s);
+    cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
 }
 
 /* The step counters a launch increments: as many as the kernel argument holds. */
@@ -242,9 +247,17 @@ __global__ void __launch_bounds__(256) increment_steps_kernel(const IncTable tab
     if (i < tab.n) *tab.step[i] += 1.0f;
 }
 
+/* 4-element groups a thread takes in a full chunk */
+constexpr int NORM_GROUPS = OPSMITH_ADAMW_CHUNK / 4 / THREADS;
+static_assert(NORM_GROUPS * 4 * THREADS == OPSMITH_ADAMW_CHUNK, "a full chunk is whole groups for every thread");
+
+/* A read-only pass: a full aligned chunk has every load of a thread in
+ * flight before its first multiply (the loop form left one at a time), in
+ * the order the loop summed them, so the bits are the loop's. */
 template <typename G>
 __global__ void __launch_bounds__(THREADS) adamw_norm_kernel(const NormTable tab, float *__restrict__ partial) {
     __shared__ float scratch[32];
+    let_next_launch_start();
     const int t = slot_of(tab.first, tab.nt, (int)blockIdx.x);
     const int64_t off = (int64_t)((int)blockIdx.x - tab.first[t]) * OPSMITH_ADAMW_CHUNK;
     const int64_t rest = tab.n[t] - off;
@@ -254,10 +267,19 @@ __global__ void __launch_bounds__(THREADS) adamw_norm_kernel(const NormTable tab
     int start = 0;
     if ((reinterpret_cast<uintptr_t>(g) % (4 * sizeof(G))) == 0) {
         const int nvec = len / 4;
-        for (int i = threadIdx.x; i < nvec; i += THREADS) {
-            float w[4];
-            load4(g + 4 * i, w);
-            acc += (w[0] * w[0] + w[1] * w[1]) + (w[2] * w[2] + w[3] * w[3]);
+        if (len == OPSMITH_ADAMW_CHUNK) {
+            float w[NORM_GROUPS][4];
+#pragma unroll
+            for (int k = 0; k < NORM_GROUPS; k++) load4(g + 4 * (threadIdx.x + k * THREADS), w[k]);
+#pragma unroll
+            for (int k = 0; k < NORM_GROUPS; k++)
+                acc += (w[k][0] * w[k][0] + w[k][1] * w[k][1]) + (w[k][2] * w[k][2] + w[k][3] * w[k][3]);
+        } else {
+            for (int i = threadIdx.x; i < nvec; i += THREADS) {
+                float w[4];
+                load4(g + 4 * i, w);
+                acc += (w[0] * w[0] + w[1] * w[1]) + (w[2] * w[2] + w[3] * w[3]);
+            }
         }
         start = 4 * nvec;
     }
@@ -267,6 +289,7 @@ __global__ void __launch_bounds__(THREADS) adamw_norm_kernel(const NormTable tab
     }
     acc = block_sum(acc, scratch);
     if (threadIdx.x == 0) partial[blockIdx.x] = acc;
+    wait_for_previous_launch();
 }
 
 /* The partials summed in a fixed order (double), the norm and the clip
@@ -332,7 +355,7 @@ extern "C" opsmith_status opsmith_adamw_step_cuda(
                 tab.first[nt] = nb;
                 tab.nt = nt;
                 /* the first launch of the call waits for whatever came before it as usual */
-                launch_step<P, G>(nb, cs, overlap && launches > 0, tab, s);
+                launch_in_call(adamw_step_kernel<P, G>, nb, cs, overlap && launches > 0, tab, s);
                 launches++;
                 nt = 0, nb = 0;
                 return launch_status();
@@ -393,6 +416,9 @@ extern "C" opsmith_status opsmith_adamw_grad_norm_cuda(int64_t count, const int6
     if (st != OPSMITH_STATUS_SUCCESS) return st;
     cudaStream_t cs = reinterpret_cast<cudaStream_t>(stream);
     float *partial = static_cast<float *>(workspace);
+    DeviceInfo dev;
+    int device;
+    const bool overlap = device_info(&dev, &device) && dev.major >= 9;
     st = dispatch_storage(grad_dtype, [&](auto gtag) {
         using G = decltype(gtag);
         static NormTable empty_table;
@@ -404,7 +430,9 @@ extern "C" opsmith_status opsmith_adamw_grad_norm_cuda(int64_t count, const int6
             if (nt == 0) return OPSMITH_STATUS_SUCCESS;
             tab.first[nt] = nb;
             tab.nt = nt;
-            adamw_norm_kernel<G><<<nb, THREADS, 0, cs>>>(tab, partial + done);
+            /* overlapped as the step's launches are; the final sum, an ordinary
+             * launch, waits for the last of them, which ends after all the others */
+            launch_in_call(adamw_norm_kernel<G>, nb, cs, overlap && done > 0, tab, partial + done);
             done += nb;
             nt = 0, nb = 0;
             return launch_status();
