@@ -155,6 +155,36 @@ def test_cuda_on_chip_plans(dtype, rows, n, scale, masked):
         assert_grad_close(dx, dref, dtype, what + " dlogits")
 
 
+# More rows than clusters fit at once: each persistent cluster walks several
+# rows, alternating its two slice stages and partial slots (bf16 128256: 8-CTA
+# clusters, two stages; 262144: one stage; 2000 x 1000: one-CTA rows), the
+# gradient written over the logits too (inplace_grad), against float64.
+@CUDA
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("rows,n", [(300, 128256), (80, 262144), (5000, 1000), (700, 16384)], ids=str)
+def test_cuda_rows_walked_by_persistent_clusters(dtype, rows, n):
+    x, t, w = make(rows, n, dtype, "cuda", seed=rows + n)
+    kw = dict(label_smoothing=0.05)
+    ref, xd = torch_reference(x, t, w, **kw)
+    (dref,) = torch.autograd.grad(ref, [xd])
+    what = f"{dtype} {rows}x{n}"
+    xg = x.clone().requires_grad_()
+    loss = cross_entropy(xg, t, w, **kw)
+    assert_close(loss, ref, dtype, what + " loss")
+    (dx,) = torch.autograd.grad(loss, [xg])
+    assert_grad_close(dx, dref, dtype, what + " dlogits")
+    # the same through inplace_grad: the gradient over the logits' own memory
+    logits = x.clone().requires_grad_()
+    h = logits * 1.0  # not a leaf: inplace_grad writes over it
+    loss2 = cross_entropy(h, t, w, inplace_grad=True, **kw)
+    assert torch.equal(loss2, loss)
+    loss2.backward()
+    assert torch.equal(logits.grad, dx)
+    # without a gradient (the forward alone) the loss is the same bits
+    with torch.no_grad():
+        assert torch.equal(cross_entropy(x, t, w, **kw), loss.detach())
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_shapes_and_layouts(device):
     x, t, w = make(24, 66, torch.float32, device)

@@ -4,7 +4,9 @@
  *      not ignored) and W = sum_c w[c], into the workspace;
  *   2. rows: for 16-byte aligned rows that fit on chip, the row is loaded
  *      once into the shared memory of a thread-block cluster (one CTA for
- *      rows up to ~72 KB, up to 8 for wider; online_softmax.cuh), reduced
+ *      narrow rows, up to 8 for wider; online_softmax.cuh, ring_launch),
+ *      persistent over the rows with the next row's slice loading while
+ *      this one is worked on where two slices fit, reduced
  *      (max, exponential sum; the weighted logit sum when smoothing), the
  *      partials exchanged through distributed shared memory, and - the
  *      fused training path - the gradient of the reduced loss written from
@@ -182,75 +184,79 @@ __global__ void rows_kernel(int64_t rows, int64_t n, const T *x, int64_t xs, con
     for (int64_t i = body + threadIdx.x; i < n; i += blockDim.x) d[i] = from_acc<T>(grad(zero ? A(0) : to_acc(xr[i]), i));
 }
 
-/* The on-chip version (online_softmax.cuh, slice_launch): CTAS CTAs a row,
- * each holding its slice of packs in shared memory; rows 16-byte aligned
- * (the packed condition). The last CTA also takes the tail (n % VEC
+/* The on-chip version (online_softmax.cuh, ring_launch): a persistent
+ * cluster of CTAS CTAs walks rows blockIdx.x / CTAS, + clusters, ...; each
+ * CTA holds its slice of a row's packs in shared memory (rows 16-byte
+ * aligned: the packed condition), STAGES slices deep: with two, the next
+ * row's slice loads while this one is reduced and written. Every thread
+ * loads, reads and writes only its own packs of a slice (the same j), so a
+ * stage is free for the next load once the thread itself is done with it:
+ * no block barrier for the ring. The last CTA also takes the tail (n % VEC
  * elements) straight from global memory, each element read and written by
- * one thread. In place is safe: a CTA writes only its own slice, after the
- * cluster barrier that follows every CTA's reads (the target's logit is
- * read before it). */
+ * one thread. In place is safe: a CTA writes only its own slice of its
+ * row, after the cluster barrier that follows every CTA's reads of that
+ * row (the target's logit is read before it); the row loading meanwhile is
+ * another row. The partials of consecutive rows alternate between two
+ * slots: a CTA writes a slot again only two rows later, after a cluster
+ * barrier that every CTA passes only once done reading it. */
 template <typename T, typename A, int CTAS>
 __global__ void __launch_bounds__(kSliceThreads, kSliceMinBlocks)
-rows_slice_kernel(int64_t rows, int64_t n, const T *x, int64_t xs, const int64_t *__restrict__ tg, int64_t ts,
-                  const A *__restrict__ w, int64_t ignore, Opts<A> o, int reduction, const A *__restrict__ dw,
-                  A *__restrict__ loss_rows, A *__restrict__ z_rows, A *__restrict__ lse_out, T *dl, int64_t dls,
-                  int64_t *__restrict__ error, int64_t row_offset) {
+rows_ring_kernel(int64_t rows, int64_t n, const T *x, int64_t xs, const int64_t *__restrict__ tg, int64_t ts,
+                 const A *__restrict__ w, int64_t ignore, Opts<A> o, int reduction, const A *__restrict__ dw,
+                 A *__restrict__ loss_rows, A *__restrict__ z_rows, A *__restrict__ lse_out, T *dl, int64_t dls,
+                 int64_t *__restrict__ error, int64_t row_offset, int stages) {
     extern __shared__ __align__(16) unsigned char slice_smem[];
-    Pack<T> *buf = reinterpret_cast<Pack<T> *>(slice_smem);
-    __shared__ A scratch[96], part[4];
+    Pack<T> *ring = reinterpret_cast<Pack<T> *>(slice_smem);
+    __shared__ A scratch[96], part[2][4];
     constexpr int V = Pack<T>::VEC;
     const int rank = cluster_rank<CTAS>();
-    const int64_t r = blockIdx.x / CTAS;
-    const T *xr = x + r * xs;
     const int64_t packs = n / V, body = packs * V;
     int64_t p0, p1;
     slice_of<CTAS>(packs, rank, p0, p1);
-    Pack<T> *const bufs[1] = {buf};
-    const T *const srcs[1] = {xr};
-    const int64_t half = slice_load<T, 1>(bufs, srcs, p0, p1);
-
-    const int64_t t = tg[r * ts];
-    const bool ignored = t == ignore, bad = !ignored && (t < 0 || t >= n);
     const bool smooth = o.ls_n > A(0);
     const bool writer = rank == 0 && threadIdx.x == 0;
-    A y_t = 0;
-    if (writer && !ignored && !bad) y_t = capped(to_acc(xr[t]), o);
     const int64_t ti = body + threadIdx.x; /* this thread's tail element, in the last CTA */
     const bool tail = rank == CTAS - 1 && ti < n;
-    A y_tail = 0;
-    if (tail) y_tail = capped(to_acc(xr[ti]), o);
+    ring_rows<T, CTAS>(rows, packs, x, xs, stages, p0, p1, ring, [&](int64_t r, int it, const Pack<T> *buf) {
+        const T *xr = x + r * xs;
+        const int64_t t = tg[r * ts];
+        const bool ignored = t == ignore, bad = !ignored && (t < 0 || t >= n);
+        A y_t = 0;
+        if (writer && !ignored && !bad) y_t = capped(to_acc(xr[t]), o);
+        A y_tail = 0;
+        if (tail) y_tail = capped(to_acc(xr[ti]), o);
 
-    RowStat<A> st;
-    A wy = 0;
-    for_loaded_packs(p0, p1, half, [&](int64_t j) {
-        const Pack<T> p = buf[j - p0];
-        A y[V];
+        RowStat<A> st;
+        A wy = 0;
+        for (int64_t j = p0 + threadIdx.x; j < p1; j += blockDim.x) {
+            const Pack<T> p = buf[j - p0];
+            A y[V];
 #pragma unroll
-        for (int k = 0; k < V; k++) y[k] = capped(to_acc(p.v[k]), o);
-        add_logits(y, j * V, w, smooth, st, wy);
-    });
-    if (tail) {
-        A one[1] = {y_tail};
-        add_logits(one, ti, w, smooth, st, wy);
-    }
-    st.block_merge(scratch);
-    if (smooth) wy = block_sum(wy, scratch);
-    if constexpr (CTAS > 1) {
-        /* every CTA merges the CTAs' partials in rank order: the same bits everywhere */
-        if (threadIdx.x == 0) part[0] = st.m, part[1] = st.M, part[2] = st.s, part[3] = wy;
-        cluster_barrier();
-        st = RowStat<A>(cluster_load(part, 0), cluster_load(part + 1, 0), cluster_load(part + 2, 0));
-        wy = cluster_load(part + 3, 0);
-#pragma unroll
-        for (int q = 1; q < CTAS; q++) {
-            st.merge(cluster_load(part, q), cluster_load(part + 1, q), cluster_load(part + 2, q));
-            wy += cluster_load(part + 3, q);
+            for (int k = 0; k < V; k++) y[k] = capped(to_acc(p.v[k]), o);
+            add_logits(y, j * V, w, smooth, st, wy);
         }
-        cluster_arrive_relaxed();
-    }
-    const RowGrad<A> grad = row_finish(st, wy, y_t, r, t, ignored, bad, w, o, reduction, dw, loss_rows, z_rows,
-                                       row_offset, lse_out, error, writer);
-    if (dl) {
+        if (tail) {
+            A one[1] = {y_tail};
+            add_logits(one, ti, w, smooth, st, wy);
+        }
+        st.block_merge(scratch);
+        if (smooth) wy = block_sum(wy, scratch);
+        if constexpr (CTAS > 1) {
+            /* every CTA merges the CTAs' partials in rank order: the same bits everywhere */
+            A *mine = part[it & 1];
+            if (threadIdx.x == 0) mine[0] = st.m, mine[1] = st.M, mine[2] = st.s, mine[3] = wy;
+            cluster_barrier();
+            st = RowStat<A>(cluster_load(mine, 0), cluster_load(mine + 1, 0), cluster_load(mine + 2, 0));
+            wy = cluster_load(mine + 3, 0);
+#pragma unroll
+            for (int q = 1; q < CTAS; q++) {
+                st.merge(cluster_load(mine, q), cluster_load(mine + 1, q), cluster_load(mine + 2, q));
+                wy += cluster_load(mine + 3, q);
+            }
+        }
+        const RowGrad<A> grad = row_finish(st, wy, y_t, r, t, ignored, bad, w, o, reduction, dw, loss_rows,
+                                           z_rows, row_offset, lse_out, error, writer);
+        if (!dl) return;
         T *d = dl + r * dls;
         for (int64_t j = p0 + threadIdx.x; j < p1; j += blockDim.x) {
             const Pack<T> p = buf[j - p0];
@@ -260,8 +266,8 @@ rows_slice_kernel(int64_t rows, int64_t n, const T *x, int64_t xs, const int64_t
             store_pack(d + j * V, q);
         }
         if (tail) d[ti] = from_acc<T>(grad(to_acc(xr[ti]), ti));
-    }
-    if constexpr (CTAS > 1) cluster_wait(); /* no CTA leaves while another may still read its partials */
+    });
+    if constexpr (CTAS > 1) cluster_barrier(); /* no CTA leaves while another may still read its partials */
 }
 
 /* the reduced loss and z-loss (or the per-row values, reduction none) */
@@ -313,8 +319,8 @@ __global__ void scale_kernel(int64_t n, const T *__restrict__ g, int64_t gs, con
 }
 
 template <typename T, typename A>
-using SliceKernel = void (*)(int64_t, int64_t, const T *, int64_t, const int64_t *, int64_t, const A *, int64_t, Opts<A>,
-                             int, const A *, A *, A *, A *, T *, int64_t, int64_t *, int64_t);
+using RingKernel = void (*)(int64_t, int64_t, const T *, int64_t, const int64_t *, int64_t, const A *, int64_t, Opts<A>,
+                            int, const A *, A *, A *, A *, T *, int64_t, int64_t *, int64_t, int);
 
 inline int threads_for(int64_t n, int vec) {
     const int64_t steps = (n + vec - 1) / vec;
@@ -350,17 +356,18 @@ opsmith_status rows_pass(int64_t rows, int64_t n, const void *x, int64_t xs, con
                         (!dl || (aligned16(dl) && (rows == 1 || dls % vec == 0)));
     const int threads = threads_for(n, packed ? vec : 1);
     Launch l{nullptr, 0, 0, 0, 0, "streaming"};
+    int stages = 1;
     if (packed) {
         const void *const kernels[4] = {
-            reinterpret_cast<const void *>(rows_slice_kernel<T, A, 1>),
-            reinterpret_cast<const void *>(rows_slice_kernel<T, A, 2>),
-            reinterpret_cast<const void *>(rows_slice_kernel<T, A, 4>),
-            reinterpret_cast<const void *>(rows_slice_kernel<T, A, 8>)};
-        l = slice_launch(kernels, rows, n / vec, 1);
+            reinterpret_cast<const void *>(rows_ring_kernel<T, A, 1>),
+            reinterpret_cast<const void *>(rows_ring_kernel<T, A, 2>),
+            reinterpret_cast<const void *>(rows_ring_kernel<T, A, 4>),
+            reinterpret_cast<const void *>(rows_ring_kernel<T, A, 8>)};
+        l = ring_launch(kernels, rows, n / vec, 1, &stages);
     }
     if (l.grid)
-        launch<SliceKernel<T, A>>(l, stream, rows, n, xp, xs, tg, ts, wp, ignore, o, red, dwp, lr, zr, lp, dp, dls,
-                                  error, row_offset);
+        launch<RingKernel<T, A>>(l, stream, rows, n, xp, xs, tg, ts, wp, ignore, o, red, dwp, lr, zr, lp, dp, dls,
+                                 error, row_offset, stages);
     else if (packed)
         rows_kernel<T, A, true><<<(unsigned)rows, threads, 0, stream>>>(rows, n, xp, xs, tg, ts, wp, ignore, o, red,
                                                                        dwp, lr, zr, lp, dp, dls, error, row_offset);

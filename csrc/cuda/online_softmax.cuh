@@ -305,6 +305,77 @@ inline Launch slice_launch(const void *const kernels[4], int64_t rows, int64_t p
     return none;
 }
 
+/* The walk of a ring kernel (a persistent cluster of CTAS CTAs, launched by
+ * ring_launch): rows blockIdx.x / CTAS, + clusters, ..., each as row(r, it,
+ * buf) once this CTA's slice [p0, p1) of row r of x is in shared memory
+ * (pack j at buf[j - p0]; `it` counts the cluster's rows). With two stages
+ * the next row's slice loads (one cp.async group a row) while row() works;
+ * with one it loads after row() returns. Every thread loads only the packs
+ * it later reads (j = p0 + threadIdx.x, stepping blockDim.x) and row() must
+ * read only those too: a stage is then free for the next load once the
+ * thread is done with it, with no block barrier. */
+template <typename T, int CTAS, typename Row>
+__device__ __forceinline__ void ring_rows(int64_t rows, int64_t packs, const T *x, int64_t xs, int stages,
+                                          int64_t p0, int64_t p1, Pack<T> *ring, Row row) {
+    constexpr int V = Pack<T>::VEC;
+    const int64_t clusters = gridDim.x / CTAS, stage_packs = (packs + CTAS - 1) / CTAS;
+    auto issue = [&](int64_t r, int stage) {
+        Pack<T> *b = ring + stage * stage_packs;
+        const T *xr = x + r * xs;
+        for (int64_t j = p0 + threadIdx.x; j < p1; j += blockDim.x) cp_async16(b + (j - p0), xr + j * V);
+        cp_async_commit();
+    };
+    int64_t r = blockIdx.x / CTAS;
+    if (r < rows) issue(r, 0);
+    for (int it = 0; r < rows; r += clusters, it++) {
+        const int stage = stages == 2 ? (it & 1) : 0;
+        const int64_t next = r + clusters;
+        if (stages == 2) {
+            if (next < rows) issue(next, stage ^ 1);
+            else cp_async_commit(); /* an empty group: this row's stays the one before the newest */
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        row(r, it, static_cast<const Pack<T> *>(ring + stage * stage_packs));
+        if (stages == 1 && next < rows) issue(next, 0);
+    }
+}
+
+/* The persistent plan of the ring kernels: a grid of as many clusters as
+ * fit at once (fit_grid), each walking rows c, c + clusters, ... . With
+ * two stages a CTA holds two slices: the next row's loads (one cp.async
+ * group a row) are in flight while this row is reduced and written, and a
+ * CTA never waits on its own load once the ring is full. Two stages where
+ * both slices fit kSliceBytes (so three CTAs still share an SM); else one
+ * stage, sized as slice_launch sizes it (the loads of the next row then
+ * start once this row is written). *stages_out: 1 or 2. */
+inline Launch ring_launch(const void *const kernels[4], int64_t rows, int64_t packs, int tensors, int *stages_out) {
+    const Launch none{nullptr, 0, 0, 0, 0, "streaming"};
+    DeviceInfo d;
+    int device;
+    if (rows < 1 || packs < 1 || !device_info(&d, &device)) return none;
+    const int max_ctas = d.major >= 9 ? 8 : 1;
+    for (int stages = 2; stages >= 1; stages--) {
+        for (int i = 0, c = 1; c <= max_ctas; i++, c *= 2) {
+            const int64_t slice = (packs + c - 1) / c;
+            const int64_t bytes = slice * 16 * tensors * stages;
+            const bool last = c == max_ctas;
+            if (bytes > kSliceBytes && (stages == 2 || !last)) continue;
+            if (bytes > (int64_t)d.optin_smem) return none;
+            int64_t threads = (slice + 3) / 4; /* about 4 packs a thread */
+            threads = (threads + 31) / 32 * 32;
+            threads = threads < 64 ? 64 : threads > kSliceThreads ? kSliceThreads : threads;
+            Launch l{kernels[i], (int)threads, c, (size_t)bytes, 0, c > 1 ? "ring cluster" : "ring"};
+            l = fit_grid(l, rows);
+            if (l.grid < 1) return none;
+            *stages_out = stages;
+            return l;
+        }
+    }
+    return none;
+}
+
 } // namespace opsmith
 
 #endif /* OPSMITH_CUDA_ONLINE_SOFTMAX_CUH */

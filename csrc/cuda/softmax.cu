@@ -1,7 +1,9 @@
 /* softmax and log_softmax on CUDA. For 16-byte aligned rows that fit on
  * chip, the row is loaded once into the shared memory of a thread-block
  * cluster (one CTA for rows up to ~72 KB, up to 8 for wider;
- * online_softmax.cuh), reduced, the partials exchanged through distributed
+ * online_softmax.cuh; the forward's clusters persistent over the rows, the
+ * next row's slice loading while this one is worked on where two slices
+ * fit), reduced, the partials exchanged through distributed
  * shared memory, and the outputs written from shared memory: forward x
  * read once and y written once; backward dy and y read once, dx written
  * once. Otherwise (unaligned rows, rows too wide, no clusters) a block a
@@ -56,57 +58,62 @@ __global__ void fwd_kernel(int64_t n, const T *x, int64_t xs, bool lg, T *y, int
     }
 }
 
-/* The on-chip forward (online_softmax.cuh, slice_launch): CTAS CTAs a row,
- * each holding its slice of x in shared memory, y written from there; the
- * last CTA also takes the tail (n % VEC) from global memory. y = x is safe:
- * a CTA writes only its own slice, after its reads. */
+/* The on-chip forward (online_softmax.cuh, ring_launch, ring_rows): a
+ * persistent cluster of CTAS CTAs walks the rows, each CTA holding its slice
+ * of a row of x in shared memory (the next row's loading meanwhile where two
+ * slices fit), y written from there; the last CTA also takes the tail
+ * (n % VEC) from global memory. y = x is safe: a CTA writes only its own
+ * slice of its row, after its reads (the row loading meanwhile is another).
+ * The partials of consecutive rows alternate between two slots: a CTA
+ * writes a slot again only after a cluster barrier that every CTA passes
+ * once done reading it. */
 template <typename T, typename A, int CTAS>
 __global__ void __launch_bounds__(kSliceThreads, kSliceMinBlocks)
-fwd_slice_kernel(int64_t n, const T *x, int64_t xs, bool lg, T *y, int64_t ys) {
+fwd_ring_kernel(int64_t rows, int64_t n, const T *x, int64_t xs, bool lg, T *y, int64_t ys, int stages) {
     extern __shared__ __align__(16) unsigned char slice_smem[];
-    Pack<T> *buf = reinterpret_cast<Pack<T> *>(slice_smem);
-    __shared__ A scratch[96], part[3];
+    Pack<T> *ring = reinterpret_cast<Pack<T> *>(slice_smem);
+    __shared__ A scratch[96], part[2][3];
     constexpr int V = Pack<T>::VEC;
     const int rank = cluster_rank<CTAS>();
-    const int64_t r = blockIdx.x / CTAS, packs = n / V, body = packs * V;
-    const T *xr = x + r * xs;
-    T *yr = y + r * ys;
+    const int64_t packs = n / V, body = packs * V;
     int64_t p0, p1;
     slice_of<CTAS>(packs, rank, p0, p1);
-    Pack<T> *const bufs[1] = {buf};
-    const T *const srcs[1] = {xr};
-    const int64_t half = slice_load<T, 1>(bufs, srcs, p0, p1);
     const int64_t ti = body + threadIdx.x;
     const bool tail = rank == CTAS - 1 && ti < n;
-    const A x_tail = tail ? to_acc(xr[ti]) : A(0);
-    RowStat<A> st;
-    for_loaded_packs(p0, p1, half, [&](int64_t j) {
-        const Pack<T> p = buf[j - p0];
-        A v[V];
+    ring_rows<T, CTAS>(rows, packs, x, xs, stages, p0, p1, ring, [&](int64_t r, int it, const Pack<T> *buf) {
+        const T *xr = x + r * xs;
+        T *yr = y + r * ys;
+        const A x_tail = tail ? to_acc(xr[ti]) : A(0);
+        RowStat<A> st;
+        for (int64_t j = p0 + threadIdx.x; j < p1; j += blockDim.x) {
+            const Pack<T> p = buf[j - p0];
+            A v[V];
 #pragma unroll
-        for (int k = 0; k < V; k++) v[k] = to_acc(p.v[k]);
-        st.add(v);
+            for (int k = 0; k < V; k++) v[k] = to_acc(p.v[k]);
+            st.add(v);
+        }
+        if (tail) st.add1(x_tail);
+        st.block_merge(scratch);
+        if constexpr (CTAS > 1) {
+            A *mine = part[it & 1];
+            if (threadIdx.x == 0) mine[0] = st.m, mine[1] = st.M, mine[2] = st.s;
+            cluster_barrier();
+            st = RowStat<A>(cluster_load(mine, 0), cluster_load(mine + 1, 0), cluster_load(mine + 2, 0));
+#pragma unroll
+            for (int q = 1; q < CTAS; q++)
+                st.merge(cluster_load(mine, q), cluster_load(mine + 1, q), cluster_load(mine + 2, q));
+        }
+        const RowNorm<A> nr(st);
+        for (int64_t j = p0 + threadIdx.x; j < p1; j += blockDim.x) {
+            const Pack<T> p = buf[j - p0];
+            Pack<T> q;
+#pragma unroll
+            for (int k = 0; k < V; k++) q.v[k] = from_acc<T>(lg ? nr.logp(to_acc(p.v[k])) : nr.p(to_acc(p.v[k])));
+            store_pack(yr + j * V, q);
+        }
+        if (tail) yr[ti] = from_acc<T>(lg ? nr.logp(x_tail) : nr.p(x_tail));
     });
-    if (tail) st.add1(x_tail);
-    st.block_merge(scratch);
-    if constexpr (CTAS > 1) {
-        if (threadIdx.x == 0) part[0] = st.m, part[1] = st.M, part[2] = st.s;
-        cluster_barrier();
-        st = RowStat<A>(cluster_load(part, 0), cluster_load(part + 1, 0), cluster_load(part + 2, 0));
-#pragma unroll
-        for (int q = 1; q < CTAS; q++) st.merge(cluster_load(part, q), cluster_load(part + 1, q), cluster_load(part + 2, q));
-        cluster_arrive_relaxed();
-    }
-    const RowNorm<A> nr(st);
-    for (int64_t j = p0 + threadIdx.x; j < p1; j += blockDim.x) {
-        const Pack<T> p = buf[j - p0];
-        Pack<T> q;
-#pragma unroll
-        for (int k = 0; k < V; k++) q.v[k] = from_acc<T>(lg ? nr.logp(to_acc(p.v[k])) : nr.p(to_acc(p.v[k])));
-        store_pack(yr + j * V, q);
-    }
-    if (tail) yr[ti] = from_acc<T>(lg ? nr.logp(x_tail) : nr.p(x_tail));
-    if constexpr (CTAS > 1) cluster_wait(); /* no CTA leaves while another may still read its partials */
+    if constexpr (CTAS > 1) cluster_barrier(); /* no CTA leaves while another may still read its partials */
 }
 
 template <typename T, typename A, bool PACKED>
@@ -198,7 +205,7 @@ bwd_slice_kernel(int64_t n, const T *g, int64_t gs, const T *__restrict__ y, int
     if constexpr (CTAS > 1) cluster_wait();
 }
 
-template <typename T> using FwdSlice = void (*)(int64_t, const T *, int64_t, bool, T *, int64_t);
+template <typename T> using FwdRing = void (*)(int64_t, int64_t, const T *, int64_t, bool, T *, int64_t, int);
 template <typename T> using BwdSlice = void (*)(int64_t, const T *, int64_t, const T *, int64_t, bool, T *, int64_t);
 
 inline int threads_for(int64_t n, int vec) {
@@ -217,13 +224,14 @@ opsmith_status fwd(int64_t rows, int64_t n, const void *x, int64_t xs, bool lg, 
     const T *xp = static_cast<const T *>(x);
     T *yp = static_cast<T *>(y);
     if (packed) {
-        const void *const kernels[4] = {reinterpret_cast<const void *>(fwd_slice_kernel<T, A, 1>),
-                                        reinterpret_cast<const void *>(fwd_slice_kernel<T, A, 2>),
-                                        reinterpret_cast<const void *>(fwd_slice_kernel<T, A, 4>),
-                                        reinterpret_cast<const void *>(fwd_slice_kernel<T, A, 8>)};
-        const Launch l = slice_launch(kernels, rows, n / vec, 1);
+        const void *const kernels[4] = {reinterpret_cast<const void *>(fwd_ring_kernel<T, A, 1>),
+                                        reinterpret_cast<const void *>(fwd_ring_kernel<T, A, 2>),
+                                        reinterpret_cast<const void *>(fwd_ring_kernel<T, A, 4>),
+                                        reinterpret_cast<const void *>(fwd_ring_kernel<T, A, 8>)};
+        int stages = 1;
+        const Launch l = ring_launch(kernels, rows, n / vec, 1, &stages);
         if (l.grid) {
-            launch<FwdSlice<T>>(l, stream, n, xp, xs, lg, yp, ys);
+            launch<FwdRing<T>>(l, stream, rows, n, xp, xs, lg, yp, ys, stages);
             return launch_status();
         }
     }
