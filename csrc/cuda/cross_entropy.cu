@@ -196,9 +196,9 @@ __global__ void rows_kernel(int64_t rows, int64_t n, const T *x, int64_t xs, con
  * one thread. In place is safe: a CTA writes only its own slice of its
  * row, after the cluster barrier that follows every CTA's reads of that
  * row (the target's logit is read before it); the row loading meanwhile is
- * another row. The partials of consecutive rows alternate between two
- * slots: a CTA writes a slot again only two rows later, after a cluster
- * barrier that every CTA passes only once done reading it. */
+ * another row. The CTAs' partials go through ClusterGather (st.async and an
+ * mbarrier a row: no release barrier, so a row never waits for the last
+ * row's gradient stores to land). */
 template <typename T, typename A, int CTAS>
 __global__ void __launch_bounds__(kSliceThreads, kSliceMinBlocks)
 rows_ring_kernel(int64_t rows, int64_t n, const T *x, int64_t xs, const int64_t *__restrict__ tg, int64_t ts,
@@ -207,7 +207,10 @@ rows_ring_kernel(int64_t rows, int64_t n, const T *x, int64_t xs, const int64_t 
                  int64_t *__restrict__ error, int64_t row_offset, int stages) {
     extern __shared__ __align__(16) unsigned char slice_smem[];
     Pack<T> *ring = reinterpret_cast<Pack<T> *>(slice_smem);
-    __shared__ A scratch[96], part[2][4];
+    __shared__ A scratch[96], part[2 * CTAS * 4];
+    __shared__ uint64_t part_barriers[2];
+    ClusterGather<CTAS, A, 4> cluster{part, part_barriers};
+    cluster.init();
     constexpr int V = Pack<T>::VEC;
     const int rank = cluster_rank<CTAS>();
     const int64_t packs = n / V, body = packs * V;
@@ -217,7 +220,7 @@ rows_ring_kernel(int64_t rows, int64_t n, const T *x, int64_t xs, const int64_t 
     const bool writer = rank == 0 && threadIdx.x == 0;
     const int64_t ti = body + threadIdx.x; /* this thread's tail element, in the last CTA */
     const bool tail = rank == CTAS - 1 && ti < n;
-    ring_rows<T, CTAS>(rows, packs, x, xs, stages, p0, p1, ring, [&](int64_t r, int it, const Pack<T> *buf) {
+    ring_rows<T, CTAS>(rows, packs, x, xs, stages, p0, p1, ring, [&](int64_t r, const Pack<T> *buf) {
         const T *xr = x + r * xs;
         const int64_t t = tg[r * ts];
         const bool ignored = t == ignore, bad = !ignored && (t < 0 || t >= n);
@@ -243,15 +246,14 @@ rows_ring_kernel(int64_t rows, int64_t n, const T *x, int64_t xs, const int64_t 
         if (smooth) wy = block_sum(wy, scratch);
         if constexpr (CTAS > 1) {
             /* every CTA merges the CTAs' partials in rank order: the same bits everywhere */
-            A *mine = part[it & 1];
-            if (threadIdx.x == 0) mine[0] = st.m, mine[1] = st.M, mine[2] = st.s, mine[3] = wy;
-            cluster_barrier();
-            st = RowStat<A>(cluster_load(mine, 0), cluster_load(mine + 1, 0), cluster_load(mine + 2, 0));
-            wy = cluster_load(mine + 3, 0);
+            const A mine[4] = {st.m, st.M, st.s, wy};
+            const A *all = cluster.gather(mine);
+            st = RowStat<A>(all[0], all[1], all[2]);
+            wy = all[3];
 #pragma unroll
             for (int q = 1; q < CTAS; q++) {
-                st.merge(cluster_load(mine, q), cluster_load(mine + 1, q), cluster_load(mine + 2, q));
-                wy += cluster_load(mine + 3, q);
+                st.merge(all[4 * q], all[4 * q + 1], all[4 * q + 2]);
+                wy += all[4 * q + 3];
             }
         }
         const RowGrad<A> grad = row_finish(st, wy, y_t, r, t, ignored, bad, w, o, reduction, dw, loss_rows,
@@ -267,7 +269,7 @@ rows_ring_kernel(int64_t rows, int64_t n, const T *x, int64_t xs, const int64_t 
         }
         if (tail) d[ti] = from_acc<T>(grad(to_acc(xr[ti]), ti));
     });
-    if constexpr (CTAS > 1) cluster_barrier(); /* no CTA leaves while another may still read its partials */
+    cluster.finish(); /* no CTA leaves while another may still send to it */
 }
 
 /* the reduced loss and z-loss (or the per-row values, reduction none) */

@@ -306,9 +306,9 @@ inline Launch slice_launch(const void *const kernels[4], int64_t rows, int64_t p
 }
 
 /* The walk of a ring kernel (a persistent cluster of CTAS CTAs, launched by
- * ring_launch): rows blockIdx.x / CTAS, + clusters, ..., each as row(r, it,
+ * ring_launch): rows blockIdx.x / CTAS, + clusters, ..., each as row(r,
  * buf) once this CTA's slice [p0, p1) of row r of x is in shared memory
- * (pack j at buf[j - p0]; `it` counts the cluster's rows). With two stages
+ * (pack j at buf[j - p0]). With two stages
  * the next row's slice loads (one cp.async group a row) while row() works;
  * with one it loads after row() returns. Every thread loads only the packs
  * it later reads (j = p0 + threadIdx.x, stepping blockDim.x) and row() must
@@ -337,7 +337,7 @@ __device__ __forceinline__ void ring_rows(int64_t rows, int64_t packs, const T *
         } else {
             cp_async_wait<0>();
         }
-        row(r, it, static_cast<const Pack<T> *>(ring + stage * stage_packs));
+        row(r, static_cast<const Pack<T> *>(ring + stage * stage_packs));
         if (stages == 1 && next < rows) issue(next, 0);
     }
 }

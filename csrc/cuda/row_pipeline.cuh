@@ -74,19 +74,20 @@ __device__ __forceinline__ void cluster_barrier() {
 #endif
 }
 
-/* Row by row sums of one value per CTA over the CTAs of a cluster. Each CTA
- * pushes its value into every CTA's slot for its rank with st.async, which
- * signals that CTA's mbarrier; a CTA waits on its own mbarrier, then adds
- * the slots in rank order (so every CTA gets the same bits). No barrier
- * with release semantics is taken per row: that would wait for the row's
- * global stores to land, a full memory latency a row.
+/* Row by row exchange of K values per CTA over the CTAs of a cluster. Each
+ * CTA pushes its values into every CTA's slots for its rank with st.async,
+ * which signals that CTA's mbarrier; a CTA waits on its own mbarrier and
+ * then holds every CTA's values, rank by rank, in its own shared memory.
+ * No barrier with release semantics is taken per row: that would wait for
+ * the row's global stores to land, a full memory latency a row.
  * Slots and mbarriers alternate between two sets row by row: a CTA can
  * only send row k + 2 after every CTA sent row k + 1, which each does after
- * it finished reading row k. init() and finish() are called by every thread
- * of every CTA, once a kernel; sum() by every thread, once a row, with the
- * same v in every thread of a CTA. */
-template <int CLUSTER, typename A> struct ClusterSum {
-    A *slots;          /* [2][CLUSTER], shared */
+ * it finished reading row k (a block barrier must separate a CTA's reads of
+ * row k's values from its sending row k + 1). init() and finish() are
+ * called by every thread of every CTA, once a kernel; gather() by every
+ * thread, once a row, with the same values in every thread of a CTA. */
+template <int CLUSTER, typename A, int K> struct ClusterGather {
+    A *slots;          /* [2][CLUSTER][K], shared */
     uint64_t *barrier; /* [2], shared */
     int row = 0;
 
@@ -105,38 +106,50 @@ template <int CLUSTER, typename A> struct ClusterSum {
 #endif
     }
 
-    __device__ A sum(A v) {
+    /* every CTA's values of this row: value k of rank r at [r * K + k] */
+    __device__ const A *gather(const A (&v)[K]) {
+        const int set = row & 1;
+        A *my_slots = slots + set * CLUSTER * K;
         if constexpr (CLUSTER == 1) {
-            return v;
+            row++;
+            if (threadIdx.x == 0)
+#pragma unroll
+                for (int k = 0; k < K; k++) my_slots[k] = v[k];
+            __syncthreads();
+            return my_slots;
         } else {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-            const int set = row & 1;
             const unsigned phase = (row >> 1) & 1;
             row++;
-            A *my_slots = slots + set * CLUSTER;
             const unsigned bar = (unsigned)__cvta_generic_to_shared(barrier + set);
             if (threadIdx.x == 0) {
                 unsigned rank;
                 asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
-                my_slots[rank] = v;
+#pragma unroll
+                for (int k = 0; k < K; k++) my_slots[rank * K + k] = v[k];
                 /* this CTA's arrival, and the bytes the other CTAs will send */
                 asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar),
-                             "r"((unsigned)((CLUSTER - 1) * sizeof(A)))
+                             "r"((unsigned)((CLUSTER - 1) * K * sizeof(A)))
                              : "memory");
-                const unsigned slot = (unsigned)__cvta_generic_to_shared(my_slots + rank);
+#pragma unroll 1
                 for (unsigned r = 0; r < (unsigned)CLUSTER; r++) {
                     if (r == rank) continue;
-                    unsigned rslot, rbar;
-                    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(rslot) : "r"(slot), "r"(r));
+                    unsigned rbar;
                     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(rbar) : "r"(bar), "r"(r));
-                    if constexpr (sizeof(A) == 8) {
-                        asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b64 [%0], %1, [%2];\n" ::"r"(rslot),
-                                     "l"(__double_as_longlong((double)v)), "r"(rbar)
-                                     : "memory");
-                    } else {
-                        asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n" ::"r"(rslot),
-                                     "r"(__float_as_uint((float)v)), "r"(rbar)
-                                     : "memory");
+#pragma unroll
+                    for (int k = 0; k < K; k++) {
+                        const unsigned slot = (unsigned)__cvta_generic_to_shared(my_slots + rank * K + k);
+                        unsigned rslot;
+                        asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(rslot) : "r"(slot), "r"(r));
+                        if constexpr (sizeof(A) == 8) {
+                            asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b64 [%0], %1, [%2];\n" ::"r"(rslot),
+                                         "l"(__double_as_longlong((double)v[k])), "r"(rbar)
+                                         : "memory");
+                        } else {
+                            asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n" ::"r"(rslot),
+                                         "r"(__float_as_uint((float)v[k])), "r"(rbar)
+                                         : "memory");
+                        }
                     }
                 }
             }
@@ -148,13 +161,10 @@ template <int CLUSTER, typename A> struct ClusterSum {
                              : "r"(bar), "r"(phase)
                              : "memory");
             } while (!done);
-            A total = 0;
-#pragma unroll
-            for (int r = 0; r < CLUSTER; r++) total += my_slots[r];
-            return total;
+            return my_slots;
 #else
             __trap(); /* clusters are only launched on sm_90 and newer */
-            return v;
+            return my_slots;
 #endif
         }
     }
@@ -162,6 +172,28 @@ template <int CLUSTER, typename A> struct ClusterSum {
     __device__ void finish() {
         if constexpr (CLUSTER > 1) cluster_barrier(); /* no CTA leaves while others may still send to it */
     }
+};
+
+/* Row by row sums of one value per CTA over the CTAs of a cluster
+ * (ClusterGather of one value, added in rank order: the same bits in every
+ * CTA). slots: [2][CLUSTER]. */
+template <int CLUSTER, typename A> struct ClusterSum {
+    ClusterGather<CLUSTER, A, 1> g;
+    __device__ ClusterSum(A *slots, uint64_t *barrier) : g{slots, barrier} {}
+    __device__ void init() { g.init(); }
+    __device__ A sum(A v) {
+        if constexpr (CLUSTER == 1) {
+            return v;
+        } else {
+            const A one[1] = {v};
+            const A *all = g.gather(one);
+            A total = 0;
+#pragma unroll
+            for (int r = 0; r < CLUSTER; r++) total += all[r];
+            return total;
+        }
+    }
+    __device__ void finish() { g.finish(); }
 };
 
 } // namespace opsmith

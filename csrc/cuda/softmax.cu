@@ -64,15 +64,16 @@ __global__ void fwd_kernel(int64_t n, const T *x, int64_t xs, bool lg, T *y, int
  * slices fit), y written from there; the last CTA also takes the tail
  * (n % VEC) from global memory. y = x is safe: a CTA writes only its own
  * slice of its row, after its reads (the row loading meanwhile is another).
- * The partials of consecutive rows alternate between two slots: a CTA
- * writes a slot again only after a cluster barrier that every CTA passes
- * once done reading it. */
+ * The CTAs' partials go through ClusterGather (no release barrier a row). */
 template <typename T, typename A, int CTAS>
 __global__ void __launch_bounds__(kSliceThreads, kSliceMinBlocks)
 fwd_ring_kernel(int64_t rows, int64_t n, const T *x, int64_t xs, bool lg, T *y, int64_t ys, int stages) {
     extern __shared__ __align__(16) unsigned char slice_smem[];
     Pack<T> *ring = reinterpret_cast<Pack<T> *>(slice_smem);
-    __shared__ A scratch[96], part[2][3];
+    __shared__ A scratch[96], part[2 * CTAS * 3];
+    __shared__ uint64_t part_barriers[2];
+    ClusterGather<CTAS, A, 3> cluster{part, part_barriers};
+    cluster.init();
     constexpr int V = Pack<T>::VEC;
     const int rank = cluster_rank<CTAS>();
     const int64_t packs = n / V, body = packs * V;
@@ -80,7 +81,7 @@ fwd_ring_kernel(int64_t rows, int64_t n, const T *x, int64_t xs, bool lg, T *y, 
     slice_of<CTAS>(packs, rank, p0, p1);
     const int64_t ti = body + threadIdx.x;
     const bool tail = rank == CTAS - 1 && ti < n;
-    ring_rows<T, CTAS>(rows, packs, x, xs, stages, p0, p1, ring, [&](int64_t r, int it, const Pack<T> *buf) {
+    ring_rows<T, CTAS>(rows, packs, x, xs, stages, p0, p1, ring, [&](int64_t r, const Pack<T> *buf) {
         const T *xr = x + r * xs;
         T *yr = y + r * ys;
         const A x_tail = tail ? to_acc(xr[ti]) : A(0);
@@ -95,13 +96,11 @@ fwd_ring_kernel(int64_t rows, int64_t n, const T *x, int64_t xs, bool lg, T *y, 
         if (tail) st.add1(x_tail);
         st.block_merge(scratch);
         if constexpr (CTAS > 1) {
-            A *mine = part[it & 1];
-            if (threadIdx.x == 0) mine[0] = st.m, mine[1] = st.M, mine[2] = st.s;
-            cluster_barrier();
-            st = RowStat<A>(cluster_load(mine, 0), cluster_load(mine + 1, 0), cluster_load(mine + 2, 0));
+            const A mine[3] = {st.m, st.M, st.s};
+            const A *all = cluster.gather(mine);
+            st = RowStat<A>(all[0], all[1], all[2]);
 #pragma unroll
-            for (int q = 1; q < CTAS; q++)
-                st.merge(cluster_load(mine, q), cluster_load(mine + 1, q), cluster_load(mine + 2, q));
+            for (int q = 1; q < CTAS; q++) st.merge(all[3 * q], all[3 * q + 1], all[3 * q + 2]);
         }
         const RowNorm<A> nr(st);
         for (int64_t j = p0 + threadIdx.x; j < p1; j += blockDim.x) {
@@ -113,7 +112,7 @@ fwd_ring_kernel(int64_t rows, int64_t n, const T *x, int64_t xs, bool lg, T *y, 
         }
         if (tail) yr[ti] = from_acc<T>(lg ? nr.logp(x_tail) : nr.p(x_tail));
     });
-    if constexpr (CTAS > 1) cluster_barrier(); /* no CTA leaves while another may still read its partials */
+    cluster.finish(); /* no CTA leaves while another may still send to it */
 }
 
 template <typename T, typename A, bool PACKED>
