@@ -199,3 +199,21 @@ def test_variance_is_two_pass(device, n):
     ref_rstd = 1 / xd.var(-1, unbiased=False).sqrt()
     assert ((rstd.double() - ref_rstd).abs() / ref_rstd).max().item() < 1e-3
     torch.testing.assert_close(mean.double(), xd.mean(-1), rtol=1e-6, atol=0)
+
+
+# The ring forward (many rows of at least 1024 packs): more rows than its
+# persistent clusters, so each walks several (bf16 8192: one-CTA rows, two
+# stages; 32768: clusters of 2); mixed parameter dtype and no bias too; the
+# output allocated over NaN first; float64 reference.
+@needs_cuda
+@pytest.mark.parametrize("xd,wd,affine", [(torch.bfloat16, torch.bfloat16, (True, True)),
+                                          (torch.bfloat16, torch.float32, (True, False)),
+                                          (torch.float32, torch.float32, (True, True))], ids=str)
+@pytest.mark.parametrize("rows,n", [(3000, 8192), (700, 32768)], ids=str)
+def test_cuda_ring_forward_rows_walked(xd, wd, affine, rows, n):
+    x, w, b, _ = _inputs((rows, n), xd, wd, "cuda", seed=rows, affine=affine)
+    torch.full((rows, n), float("nan"), dtype=xd, device="cuda")  # freed: the output's block next
+    y = opsmith.layer_norm(x, w, b, 1e-5)
+    ref = F.layer_norm(x.double(), (n,), None if w is None else w.double(), None if b is None else b.double(), 1e-5)
+    assert not torch.isnan(y).any()
+    _close(y, ref, TOL[xd], f"{xd}/{wd} {rows}x{n}")

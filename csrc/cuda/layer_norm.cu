@@ -16,6 +16,11 @@
  * - staged (backward, many rows): rows of x and dy streamed through shared
  *   memory several rows ahead with cp.async, a row split over a cluster of
  *   CTAs when it is wider than one CTA's share of shared memory;
+ * - ring (forward, many wide rows: row_slices.cuh): a persistent cluster
+ *   walks the rows, each CTA's slice of a row in shared memory and the next
+ *   row's slice loading while this one is reduced (the mean, then the
+ *   squared deviations from it: two block sums and two cluster sums a row)
+ *   and written;
  * - generic: a row group (a warp for short rows, the block for long ones)
  *   owns a row and reads it again for each pass; any stride, alignment or
  *   width (16-byte packs where every pointer, stride and n allow it).
@@ -25,6 +30,7 @@
 #include "internal/layer_norm.h"
 #include "norm_plan.cuh"
 #include "partial_sums.cuh"
+#include "row_slices.cuh"
 
 namespace opsmith {
 namespace {
@@ -305,6 +311,59 @@ layer_norm_fwd_resident_kernel(int64_t rows, int64_t n, const T *__restrict__ x,
             store_pack(y + r * ys + i * S, out);
         });
     }
+}
+
+/* The ring forward (see the file's head): rows of packs, mean and rstd
+ * written by the first CTA of the cluster. */
+template <typename T, typename W, typename A, int CTAS>
+__global__ void __launch_bounds__(kSliceThreads, kSliceMinBlocks)
+layer_norm_fwd_ring_kernel(int64_t rows, int64_t n, const T *x, int64_t xs, const W *__restrict__ w,
+                           const W *__restrict__ b, A eps, T *y, int64_t ys, A *__restrict__ mean,
+                           A *__restrict__ rstd, int stages) {
+    constexpr int S = Pack<T>::VEC;
+    extern __shared__ __align__(16) unsigned char slice_smem[];
+    Pack<T> *ring = reinterpret_cast<Pack<T> *>(slice_smem);
+    __shared__ A scratch[32], sums[2 * CTAS];
+    __shared__ uint64_t sum_barriers[2];
+    ClusterSum<CTAS, A> cluster{sums, sum_barriers};
+    cluster.init();
+    const int rank = cluster_rank<CTAS>();
+    const int64_t packs = n / S;
+    int64_t p0, p1;
+    slice_of<CTAS>(packs, rank, p0, p1);
+    ring_rows<T, CTAS>(rows, packs, x, xs, stages, p0, p1, ring, [&](int64_t r, const Pack<T> *buf) {
+        A s = 0;
+        for (int64_t j = p0 + threadIdx.x; j < p1; j += blockDim.x) {
+            const Pack<T> p = buf[j - p0];
+#pragma unroll
+            for (int k = 0; k < S; k++) s += to_acc(p.v[k]);
+        }
+        const A mu = cluster.sum(block_sum(s, scratch)) / (A)n;
+        A q = 0;
+        for (int64_t j = p0 + threadIdx.x; j < p1; j += blockDim.x) {
+            const Pack<T> p = buf[j - p0];
+#pragma unroll
+            for (int k = 0; k < S; k++) {
+                const A d = to_acc(p.v[k]) - mu;
+                q += d * d;
+            }
+        }
+        const A rs = rsqrt_acc(cluster.sum(block_sum(q, scratch)) / (A)n + eps);
+        if (rank == 0 && threadIdx.x == 0) mean[r] = mu, rstd[r] = rs;
+        T *yr = y + r * ys;
+        for (int64_t j = p0 + threadIdx.x; j < p1; j += blockDim.x) {
+            const Pack<T> p = buf[j - p0];
+            A wl[S], bl[S];
+            if (w) load_param<W, A, S, true>(w + j * S, wl);
+            if (b) load_param<W, A, S, true>(b + j * S, bl);
+            Pack<T> out;
+#pragma unroll
+            for (int k = 0; k < S; k++)
+                out.v[k] = from_acc<T>((to_acc(p.v[k]) - mu) * rs * (w ? wl[k] : A(1)) + (b ? bl[k] : A(0)));
+            store_pack(yr + j * S, out);
+        }
+    });
+    cluster.finish();
 }
 
 /* partial is (2, gridDim.x, n): block p's dweight and dbias sums over its
@@ -599,6 +658,28 @@ template <typename T, typename W, typename A> Launch bwd_launch(int64_t rows, in
     return l;
 }
 
+/* Rows of at least this many packs (16 KB of bf16), more rows than SMs:
+ * the ring forward, whose next row loads while this one is reduced; the
+ * resident forward holds one or two such rows an SM and waits on each
+ * (0.65-0.69 of copy at 4096 x 8192 and 8192 x 16384 bf16, 2026-12-05). */
+constexpr int64_t kRingMinPacks = 1024;
+
+template <typename T, typename W, typename A> using FwdRing =
+    void (*)(int64_t, int64_t, const T *, int64_t, const W *, const W *, A, T *, int64_t, A *, A *, int);
+
+/* The ring forward's launch for packed rows, grid == 0 when it does not apply. */
+template <typename T, typename W, typename A> Launch fwd_ring_launch(int64_t rows, int64_t n, int *stages) {
+    const int64_t packs = n / Pack<T>::VEC;
+    if (n % Pack<T>::VEC != 0 || packs < kRingMinPacks || rows <= sm_count()) return kGeneric;
+    const void *const kernels[4] = {reinterpret_cast<const void *>(layer_norm_fwd_ring_kernel<T, W, A, 1>),
+                                    reinterpret_cast<const void *>(layer_norm_fwd_ring_kernel<T, W, A, 2>),
+                                    reinterpret_cast<const void *>(layer_norm_fwd_ring_kernel<T, W, A, 4>),
+                                    reinterpret_cast<const void *>(layer_norm_fwd_ring_kernel<T, W, A, 8>)};
+    Launch l = ring_launch(kernels, rows, packs, 1, stages);
+    if (l.grid) l.family = "ring";
+    return l;
+}
+
 template <typename T, typename W, typename A>
 opsmith_status fwd(int64_t rows, int64_t n, const void *x, int64_t xs, const void *w, const void *b, double eps,
                    void *y, int64_t ys, void *mean, void *rstd, cudaStream_t stream) {
@@ -607,6 +688,12 @@ opsmith_status fwd(int64_t rows, int64_t n, const void *x, int64_t xs, const voi
     const W *wp = static_cast<const W *>(w), *bp = static_cast<const W *>(b);
     T *yp = static_cast<T *>(y);
     A *mp = static_cast<A *>(mean), *rp = static_cast<A *>(rstd);
+    int stages = 1;
+    const Launch ring = packed ? fwd_ring_launch<T, W, A>(rows, n, &stages) : kGeneric;
+    if (ring.grid) {
+        launch<FwdRing<T, W, A>>(ring, stream, rows, n, xp, xs, wp, bp, (A)eps, yp, ys, mp, rp, stages);
+        return launch_status();
+    }
     const Launch l = packed ? fwd_launch<T, W, A>(rows, n) : kGeneric;
     if (l.grid) {
         launch<FwdKernel<T, W, A>>(l, stream, rows, n, xp, xs, wp, bp, (A)eps, yp, ys, mp, rp);
@@ -708,7 +795,10 @@ extern "C" const char *opsmith_internal_layer_norm_cuda_plan(opsmith_dtype x_dty
         using T = decltype(t);
         using W = decltype(w);
         using A = decltype(acc);
-        return backward ? bwd_launch<T, W, A>(rows, n, true) : fwd_launch<T, W, A>(rows, n);
+        if (backward) return bwd_launch<T, W, A>(rows, n, true);
+        int stages = 1;
+        const Launch ring = fwd_ring_launch<T, W, A>(rows, n, &stages);
+        return ring.grid ? ring : fwd_launch<T, W, A>(rows, n);
     });
     return l.grid > 0 ? l.family : "generic";
 }

@@ -720,6 +720,8 @@ static int ln_cases(opsmith_dtype xd, opsmith_dtype wd, ln_case *out)
         {xd, wd, 290, 1000, 0, 1, 1, 0, 0, 0, 0, 0, 1e-5},
         /* the staged backward split over a cluster (2 CTAs bf16/f16, 4 f32, 8 f64) */
         {xd, wd, 280, 24576, 1, 1, 1, 0, 0, 0, 0, 0, 1e-5},
+        /* the ring forward with more rows than its clusters: each walks several */
+        {xd, wd, 900, 8192, 1, 1, 1, 0, 0, 0, 0, 0, 1e-5},
     };
     for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++)
         /* the largest shapes for the same-dtype pairs only: keeps the run short */
@@ -750,9 +752,12 @@ static void ln_cuda_plans(void)
         {OPSMITH_DTYPE_BF16, OPSMITH_DTYPE_BF16, 3, 4096, 0, "resident"},
         {OPSMITH_DTYPE_BF16, OPSMITH_DTYPE_F32, 3, 4096, 1, "resident"},
         {OPSMITH_DTYPE_BF16, OPSMITH_DTYPE_BF16, 2000, 4096, 0, "resident"},
-        {OPSMITH_DTYPE_BF16, OPSMITH_DTYPE_BF16, 300, 16384, 0, "resident"},
-        {OPSMITH_DTYPE_BF16, OPSMITH_DTYPE_BF16, 140, 32768, 0, "generic"},   /* many rows past 512 x 4 packs */
-        {OPSMITH_DTYPE_BF16, OPSMITH_DTYPE_BF16, 140, 40000, 0, "generic"},
+        {OPSMITH_DTYPE_BF16, OPSMITH_DTYPE_BF16, 300, 16384, 0, "ring"},      /* more rows than SMs, >= 1024 packs */
+        {OPSMITH_DTYPE_BF16, OPSMITH_DTYPE_BF16, 300, 4096, 0, "resident"},   /* 512 packs */
+        {OPSMITH_DTYPE_BF16, OPSMITH_DTYPE_BF16, 100, 16384, 0, "resident"},  /* fewer rows than SMs */
+        {OPSMITH_DTYPE_BF16, OPSMITH_DTYPE_BF16, 140, 32768, 0, "ring"},      /* a cluster of 2 */
+        {OPSMITH_DTYPE_BF16, OPSMITH_DTYPE_BF16, 140, 40000, 0, "ring"},
+        {OPSMITH_DTYPE_BF16, OPSMITH_DTYPE_BF16, 140, 40004, 0, "generic"},   /* not whole packs */
         {OPSMITH_DTYPE_BF16, OPSMITH_DTYPE_BF16, 13000, 512, 0, "warp"},
         {OPSMITH_DTYPE_BF16, OPSMITH_DTYPE_BF16, 2000, 1024, 0, "warp"},
         {OPSMITH_DTYPE_BF16, OPSMITH_DTYPE_F32, 300, 8, 0, "warp"},

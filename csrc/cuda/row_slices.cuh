@@ -1,0 +1,208 @@
+/* Rows held on chip a slice a CTA: a row split over a thread-block cluster,
+ * each CTA's slice of 16-byte packs in its shared memory, loaded once with
+ * cp.async, the CTAs' partial results exchanged through distributed shared
+ * memory (softmax.cu, cross_entropy.cu, layer_norm.cu). The one-shot plan
+ * (slice_launch: a CTA a row slice) and the persistent one (ring_launch,
+ * ring_rows: a cluster walks rows, the next row's slice loading while this
+ * one is worked on). */
+#ifndef OPSMITH_CUDA_ROW_SLICES_CUH
+#define OPSMITH_CUDA_ROW_SLICES_CUH
+
+#include "launch_plan.cuh"
+#include "row_pipeline.cuh"
+
+namespace opsmith {
+
+/* Reads value `at` (in shared memory) of CTA `rank` of this cluster. */
+template <typename A> __device__ __forceinline__ A cluster_load(const A *at, int rank) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    unsigned local = (unsigned)__cvta_generic_to_shared(at), remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(local), "r"(rank));
+    if constexpr (sizeof(A) == 8) {
+        double v;
+        asm volatile("ld.shared::cluster.f64 %0, [%1];\n" : "=d"(v) : "r"(remote) : "memory");
+        return (A)v;
+    } else {
+        float v;
+        asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(remote) : "memory");
+        return (A)v;
+    }
+#else
+    (void)rank;
+    return *at;
+#endif
+}
+
+/* The two halves of a cluster barrier, apart: a CTA arrives once it no
+ * longer reads the others' shared memory and waits just before it exits,
+ * so none leaves while another may still read it, and no CTA waits in
+ * between. */
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void cluster_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
+#endif
+}
+
+
+/* Rows held on chip: a row (of `tensors` tensors, 16-byte packs) split over
+ * a thread-block cluster of CTAS CTAs, each loading its slice of
+ * ceil(packs / CTAS) packs into its dynamic shared memory once (cp.async),
+ * reducing it, exchanging the partial results through distributed shared
+ * memory, then writing its outputs from shared memory: the row is read
+ * from HBM once. A cluster of 1 is the same code for rows that fit one
+ * CTA. Slices up to kOnChipSliceBytes leave room for three CTAs an SM (one
+ * computes while the others load); wider rows take more CTAs, up to the
+ * portable cluster of 8, then the largest slice a CTA may hold; beyond
+ * that (or without clusters, or unaligned rows) the streaming kernels. */
+constexpr int kSliceThreads = 512;
+/* three 512-thread CTAs an SM: at most 42 registers a thread */
+constexpr int kSliceMinBlocks = 3;
+constexpr int64_t kOnChipSliceBytes = 72 * 1024;
+
+/* the CTA's packs [p0, p1) of a row of `packs` packs */
+template <int CTAS> __device__ __forceinline__ void slice_of(int64_t packs, int rank, int64_t &p0, int64_t &p1) {
+    const int64_t slice = (packs + CTAS - 1) / CTAS;
+    p0 = (int64_t)rank * slice;
+    p1 = p0 + slice < packs ? p0 + slice : packs;
+    if (p1 < p0) p1 = p0;
+}
+
+/* Issues this thread's copies of its slice's packs (j = p0 + threadIdx.x,
+ * stepping by blockDim.x) of `tensors` rows into bufs, in two cp.async
+ * groups: the first `half` packs, then the rest. The reader waits for the
+ * first group (cp_async_wait<1>) before its loop and for the rest
+ * (cp_async_wait<0>) at pack number `half`, so the math on the first half
+ * overlaps the second half's loads. Each thread reads back only its own
+ * packs: no barrier. Returns half. */
+template <typename T, int TENSORS>
+__device__ __forceinline__ int64_t slice_load(Pack<T> *const (&bufs)[TENSORS], const T *const (&rows)[TENSORS],
+                                              int64_t p0, int64_t p1) {
+    constexpr int V = Pack<T>::VEC;
+    const int64_t first = p0 + threadIdx.x;
+    const int64_t mine = first < p1 ? (p1 - first + blockDim.x - 1) / blockDim.x : 0;
+    const int64_t half = (mine + 1) / 2;
+    int64_t it = 0;
+    for (int64_t j = first; j < p1; j += blockDim.x, it++) {
+#pragma unroll
+        for (int q = 0; q < TENSORS; q++) cp_async16(bufs[q] + (j - p0), rows[q] + j * V);
+        if (it + 1 == half) cp_async_commit();
+    }
+    cp_async_commit();
+    return half;
+}
+
+/* f(j) for this thread's packs j of [p0, p1), as slice_load issued them,
+ * each once its cp.async group has landed: the first `half` after the
+ * first group, the rest after the second. */
+template <typename F>
+__device__ __forceinline__ void for_loaded_packs(int64_t p0, int64_t p1, int64_t half, F f) {
+    cp_async_wait<1>();
+    int64_t it = 0;
+    for (int64_t j = p0 + threadIdx.x; j < p1; j += blockDim.x, it++) {
+        if (it == half) cp_async_wait<0>();
+        f(j);
+    }
+}
+
+/* kernels[i] is the kernel for clusters of 1 << i CTAs (i < 4). grid == 0:
+ * no on-chip plan (take the streaming kernel). */
+inline Launch slice_launch(const void *const kernels[4], int64_t rows, int64_t packs, int tensors) {
+    const Launch none{nullptr, 0, 0, 0, 0, "streaming"};
+    DeviceInfo d;
+    int device;
+    if (rows < 1 || packs < 1 || !device_info(&d, &device)) return none;
+    const int max_ctas = d.major >= 9 ? 8 : 1; /* clusters: sm_90 and newer */
+    for (int i = 0, c = 1; c <= max_ctas; i++, c *= 2) {
+        const int64_t slice = (packs + c - 1) / c;
+        const int64_t bytes = slice * 16 * tensors;
+        if (bytes > kOnChipSliceBytes && c < max_ctas) continue;
+        if (bytes > (int64_t)d.optin_smem || rows > (int64_t)0x7fffffff / c) return none;
+        int64_t threads = (slice + 3) / 4; /* about 4 packs a thread */
+        threads = (threads + 31) / 32 * 32;
+        threads = threads < 64 ? 64 : threads > kSliceThreads ? kSliceThreads : threads;
+        Launch l{kernels[i], (int)threads, c, (size_t)bytes, rows * c, c > 1 ? "cluster" : "slice"};
+        if (blocks_that_fit(l.kernel, l.threads, l.smem, c) < 1) return none;
+        return l;
+    }
+    return none;
+}
+
+/* The walk of a ring kernel (a persistent cluster of CTAS CTAs, launched by
+ * ring_launch): rows blockIdx.x / CTAS, + clusters, ..., each as row(r,
+ * buf) once this CTA's slice [p0, p1) of row r of x is in shared memory
+ * (pack j at buf[j - p0]). With two stages
+ * the next row's slice loads (one cp.async group a row) while row() works;
+ * with one it loads after row() returns. Every thread loads only the packs
+ * it later reads (j = p0 + threadIdx.x, stepping blockDim.x) and row() must
+ * read only those too: a stage is then free for the next load once the
+ * thread is done with it, with no block barrier. */
+template <typename T, int CTAS, typename Row>
+__device__ __forceinline__ void ring_rows(int64_t rows, int64_t packs, const T *x, int64_t xs, int stages,
+                                          int64_t p0, int64_t p1, Pack<T> *ring, Row row) {
+    constexpr int V = Pack<T>::VEC;
+    const int64_t clusters = gridDim.x / CTAS, stage_packs = (packs + CTAS - 1) / CTAS;
+    auto issue = [&](int64_t r, int stage) {
+        Pack<T> *b = ring + stage * stage_packs;
+        const T *xr = x + r * xs;
+        for (int64_t j = p0 + threadIdx.x; j < p1; j += blockDim.x) cp_async16(b + (j - p0), xr + j * V);
+        cp_async_commit();
+    };
+    int64_t r = blockIdx.x / CTAS;
+    if (r < rows) issue(r, 0);
+    for (int it = 0; r < rows; r += clusters, it++) {
+        const int stage = stages == 2 ? (it & 1) : 0;
+        const int64_t next = r + clusters;
+        if (stages == 2) {
+            if (next < rows) issue(next, stage ^ 1);
+            else cp_async_commit(); /* an empty group: this row's stays the one before the newest */
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        row(r, static_cast<const Pack<T> *>(ring + stage * stage_packs));
+        if (stages == 1 && next < rows) issue(next, 0);
+    }
+}
+
+/* The persistent plan of the ring kernels: a grid of as many clusters as
+ * fit at once (fit_grid), each walking rows c, c + clusters, ... . With
+ * two stages a CTA holds two slices: the next row's loads (one cp.async
+ * group a row) are in flight while this row is reduced and written, and a
+ * CTA never waits on its own load once the ring is full. Two stages where
+ * both slices fit kOnChipSliceBytes (so three CTAs still share an SM); else one
+ * stage, sized as slice_launch sizes it (the loads of the next row then
+ * start once this row is written). *stages_out: 1 or 2. */
+inline Launch ring_launch(const void *const kernels[4], int64_t rows, int64_t packs, int tensors, int *stages_out) {
+    const Launch none{nullptr, 0, 0, 0, 0, "streaming"};
+    DeviceInfo d;
+    int device;
+    if (rows < 1 || packs < 1 || !device_info(&d, &device)) return none;
+    const int max_ctas = d.major >= 9 ? 8 : 1;
+    for (int stages = 2; stages >= 1; stages--) {
+        for (int i = 0, c = 1; c <= max_ctas; i++, c *= 2) {
+            const int64_t slice = (packs + c - 1) / c;
+            const int64_t bytes = slice * 16 * tensors * stages;
+            const bool last = c == max_ctas;
+            if (bytes > kOnChipSliceBytes && (stages == 2 || !last)) continue;
+            if (bytes > (int64_t)d.optin_smem) return none;
+            int64_t threads = (slice + 3) / 4; /* about 4 packs a thread */
+            threads = (threads + 31) / 32 * 32;
+            threads = threads < 64 ? 64 : threads > kSliceThreads ? kSliceThreads : threads;
+            Launch l{kernels[i], (int)threads, c, (size_t)bytes, 0, c > 1 ? "ring cluster" : "ring"};
+            l = fit_grid(l, rows);
+            if (l.grid < 1) return none;
+            *stages_out = stages;
+            return l;
+        }
+    }
+    return none;
+}
+
+} // namespace opsmith
+
+#endif /* OPSMITH_CUDA_ROW_SLICES_CUH */
