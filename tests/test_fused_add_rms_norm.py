@@ -304,8 +304,10 @@ def test_compile_fullgraph(device):
 @requires_cuda
 def test_cuda_kernel_families():
     # decode-sized and many-row calls (the resident and staged plans, the
-    # cluster split for wide rows) against the unfused op
-    for rows, n in ((1, 4096), (64, 8192), (1024, 4096), (4096, 16384), (300, 12288), (17, 5000)):
+    # cluster split for wide rows, the ring forward with rows walked by its
+    # persistent clusters: 3000 x 8192, 600 x 32768) against the unfused op
+    for rows, n in ((1, 4096), (64, 8192), (1024, 4096), (4096, 16384), (300, 12288), (17, 5000), (3000, 8192),
+                    (600, 32768)):
         x, r = rand(rows, n, dtype=torch.bfloat16, device="cuda"), rand(rows, n, dtype=torch.bfloat16, device="cuda")
         w = rand(n, dtype=torch.float32, device="cuda")
         dys = (rand(rows, n, dtype=torch.bfloat16, device="cuda"), rand(rows, n, dtype=torch.bfloat16, device="cuda"))

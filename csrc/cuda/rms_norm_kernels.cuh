@@ -18,7 +18,11 @@
  *   batch;
  * - staged (backward, many rows): rows streamed through shared memory
  *   several rows ahead with cp.async, a row split over a cluster of CTAs
- *   when it is wider than one CTA's share of shared memory.
+ *   when it is wider than one CTA's share of shared memory;
+ * - ring (forward, many rows of at least kRingMinPacks packs:
+ *   row_slices.cuh): a persistent cluster walks the rows, each CTA's slice
+ *   of a row (and of the residual's, ADD) in shared memory, the next row's
+ *   loading while this one is reduced and written.
  * The weight gradient is reduced without float atomics, so it is
  * deterministic: each block (cluster) sums its rows into its own workspace
  * row with a fixed column-to-thread map, then one or two reduction launches
@@ -34,6 +38,7 @@
 #include "internal/rms_norm.h"
 #include "norm_plan.cuh"
 #include "partial_sums.cuh"
+#include "row_slices.cuh"
 
 namespace opsmith {
 namespace {
@@ -259,6 +264,71 @@ rms_norm_fwd_resident_kernel(int64_t rows, int64_t n, const T *__restrict__ x, i
             store_elems<Y, S>(y + r * ys + i * S, out);
         });
     }
+}
+
+/* The ring forward (see the file's head). ADD: x's and the residual's
+ * slices in the ring; h = x + r rounded to T is formed from them twice (the
+ * same bits), stored once by the thread that owns it (h may be r: row r of
+ * the residual is in shared memory before any of its h is stored; the row
+ * loading meanwhile is another) and normalised. inv_rms is written by the
+ * first CTA of the cluster. */
+template <typename T, typename W, typename Y, typename A, int CTAS, bool ADD>
+__global__ void __launch_bounds__(kSliceThreads, kSliceMinBlocks)
+rms_norm_fwd_ring_kernel(int64_t rows, int64_t n, const T *x, int64_t xs, const W *__restrict__ w, Opts<A> o,
+                         A eps, Y *y, int64_t ys, A *__restrict__ inv_rms, AddIn<T> add, int stages) {
+    constexpr int S = Pack<T>::VEC;
+    constexpr int TENSORS = ADD ? 2 : 1;
+    extern __shared__ __align__(16) unsigned char slice_smem[];
+    Pack<T> *ring = reinterpret_cast<Pack<T> *>(slice_smem);
+    __shared__ A scratch[32], sums[2 * CTAS];
+    __shared__ uint64_t sum_barriers[2];
+    ClusterSum<CTAS, A> cluster{sums, sum_barriers};
+    cluster.init();
+    const int rank = cluster_rank<CTAS>();
+    const int64_t packs = n / S;
+    int64_t p0, p1;
+    slice_of<CTAS>(packs, rank, p0, p1);
+    /* x, then the residual (ADD) */
+    const T *const srcs[2] = {x, add.r};
+    const int64_t strides[2] = {xs, add.rs};
+    ring_rows<T, CTAS, TENSORS>(rows, packs, srcs, strides, stages, p0, p1, ring,
+                                [&](int64_t r, const Stage<T, TENSORS> &st) {
+        /* the pack normalised: x's, or h = x + r rounded to T */
+        auto h_of = [&](int64_t j) {
+            Pack<T> p = st.t[0][j - p0];
+            if constexpr (ADD) {
+                const Pack<T> rp = st.t[TENSORS - 1][j - p0];
+#pragma unroll
+                for (int k = 0; k < S; k++) p.v[k] = from_acc<T>(to_acc(p.v[k]) + to_acc(rp.v[k]));
+            }
+            return p;
+        };
+        A sum_sq = 0;
+        for (int64_t j = p0 + threadIdx.x; j < p1; j += blockDim.x) {
+            const Pack<T> p = h_of(j);
+            if constexpr (ADD) store_pack(add.h + r * add.hs + j * S, p);
+#pragma unroll
+            for (int k = 0; k < S; k++) {
+                const A v = to_acc(p.v[k]);
+                sum_sq += v * v;
+            }
+        }
+        const A inv = rsqrt_acc(cluster.sum(block_sum(sum_sq, scratch)) / (A)n + eps);
+        if (rank == 0 && threadIdx.x == 0) inv_rms[r] = inv;
+        for (int64_t j = p0 + threadIdx.x; j < p1; j += blockDim.x) {
+            const Pack<T> p = h_of(j);
+            Elems<W, S> wp;
+            if (w) wp = load_elems<W, S>(w + j * S);
+            Elems<Y, S> out;
+#pragma unroll
+            for (int k = 0; k < S; k++) {
+                const A v = x_hat<T>(to_acc(p.v[k]), inv, o);
+                out.v[k] = from_acc<Y>(w ? v * (o.offset + to_acc(wp.v[k])) : v);
+            }
+            store_elems<Y, S>(y + r * ys + j * S, out);
+        }
+    });
+    cluster.finish();
 }
 
 /* partial is (gridDim.x, n): block b's sum of dy * x * inv_rms over its rows.
@@ -564,6 +634,36 @@ template <typename K, bool ADD = false> Launch fwd_launch(int64_t rows, int64_t 
     return Launch{nullptr, 0, 0, 0, 0, "generic"};
 }
 
+/* Rows of at least this many packs (16 KB of bf16), more rows than SMs:
+ * the ring forward, whose next row loads while this one is reduced; the
+ * resident forward holds one or two such rows an SM (74-106 registers a
+ * thread) and waits on each (bench/NOTES.md, 2026-12-05). */
+constexpr int64_t kRingMinPacks = 1024;
+
+template <typename K> using FwdRingKernel =
+    void (*)(int64_t, int64_t, const typename K::T *, int64_t, const typename K::W *, Opts<AccK<K>>, AccK<K>,
+             typename K::Y *, int64_t, AccK<K> *, AddIn<typename K::T>, int);
+
+/* The ring forward's launch for packed rows (x and, ADD, the residual in the
+ * ring), grid == 0 when it does not apply. */
+template <typename K, bool ADD = false> Launch fwd_ring_launch(int64_t rows, int64_t n, int *stages) {
+    using T = typename K::T;
+    using W = typename K::W;
+    using Y = typename K::Y;
+    using A = AccK<K>;
+    const Launch none{nullptr, 0, 0, 0, 0, "generic"};
+    const int64_t packs = n / Pack<T>::VEC;
+    if (n % Pack<T>::VEC != 0 || packs < kRingMinPacks || rows <= sm_count()) return none;
+    const void *const kernels[4] = {reinterpret_cast<const void *>(rms_norm_fwd_ring_kernel<T, W, Y, A, 1, ADD>),
+                                    reinterpret_cast<const void *>(rms_norm_fwd_ring_kernel<T, W, Y, A, 2, ADD>),
+                                    reinterpret_cast<const void *>(rms_norm_fwd_ring_kernel<T, W, Y, A, 4, ADD>),
+                                    reinterpret_cast<const void *>(rms_norm_fwd_ring_kernel<T, W, Y, A, 8, ADD>)};
+    Launch l = ring_launch(kernels, rows, packs, ADD ? 2 : 1, stages);
+    if (!l.grid) return none;
+    l.family = "ring";
+    return l;
+}
+
 /* ADD: the forward of fused_add_rms_norm (add: residual and h), else RMSNorm's. */
 template <typename K, bool ADD = false>
 opsmith_status fwd(int64_t rows, int64_t n, const void *x, int64_t xs, const void *w, Opts<AccK<K>> o, double eps,
@@ -579,6 +679,12 @@ opsmith_status fwd(int64_t rows, int64_t n, const void *x, int64_t xs, const voi
     const W *wp = static_cast<const W *>(w);
     Y *yp = static_cast<Y *>(y);
     A *ip = static_cast<A *>(inv_rms);
+    int stages = 1;
+    const Launch ring = packed ? fwd_ring_launch<K, ADD>(rows, n, &stages) : Launch{nullptr, 0, 0, 0, 0, "generic"};
+    if (ring.grid) {
+        launch<FwdRingKernel<K>>(ring, stream, rows, n, xp, xs, wp, o, (A)eps, yp, ys, ip, add, stages);
+        return launch_status();
+    }
     const Launch l = packed ? fwd_launch<K, ADD>(rows, n) : Launch{nullptr, 0, 0, 0, 0, "generic"};
     if (l.grid) {
         launch<FwdResidentKernel<K>>(l, stream, rows, n, xp, xs, wp, o, (A)eps, yp, ys, ip, add);

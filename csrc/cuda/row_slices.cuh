@@ -132,24 +132,34 @@ inline Launch slice_launch(const void *const kernels[4], int64_t rows, int64_t p
     return none;
 }
 
+/* A stage of a ring kernel: this CTA's slice of each of TENSORS rows (pack
+ * j of tensor q at t[q][j - p0]). */
+template <typename T, int TENSORS> struct Stage {
+    const Pack<T> *t[TENSORS];
+};
+
 /* The walk of a ring kernel (a persistent cluster of CTAS CTAs, launched by
  * ring_launch): rows blockIdx.x / CTAS, + clusters, ..., each as row(r,
- * buf) once this CTA's slice [p0, p1) of row r of x is in shared memory
- * (pack j at buf[j - p0]). With two stages
- * the next row's slice loads (one cp.async group a row) while row() works;
- * with one it loads after row() returns. Every thread loads only the packs
- * it later reads (j = p0 + threadIdx.x, stepping blockDim.x) and row() must
- * read only those too: a stage is then free for the next load once the
- * thread is done with it, with no block barrier. */
-template <typename T, int CTAS, typename Row>
-__device__ __forceinline__ void ring_rows(int64_t rows, int64_t packs, const T *x, int64_t xs, int stages,
-                                          int64_t p0, int64_t p1, Pack<T> *ring, Row row) {
+ * stage) once this CTA's slice [p0, p1) of row r of every tensor q < TENSORS
+ * (srcs[q] with row stride strides[q]) is in shared memory. With two stages the next
+ * row's slices load (one cp.async group a row) while row() works; with one
+ * they load after row() returns. Every thread loads only the packs it later
+ * reads (j = p0 + threadIdx.x, stepping blockDim.x) and row() must read only
+ * those too: a stage is then free for the next load once the thread is done
+ * with it, with no block barrier. */
+template <typename T, int CTAS, int TENSORS, typename Row>
+__device__ __forceinline__ void ring_rows(int64_t rows, int64_t packs, const T *const *srcs, const int64_t *strides,
+                                          int stages, int64_t p0, int64_t p1, Pack<T> *ring, Row row) {
     constexpr int V = Pack<T>::VEC;
-    const int64_t clusters = gridDim.x / CTAS, stage_packs = (packs + CTAS - 1) / CTAS;
+    const int64_t clusters = gridDim.x / CTAS, slice = (packs + CTAS - 1) / CTAS;
+    auto at = [&](int stage, int q) { return ring + (stage * TENSORS + q) * slice; };
     auto issue = [&](int64_t r, int stage) {
-        Pack<T> *b = ring + stage * stage_packs;
-        const T *xr = x + r * xs;
-        for (int64_t j = p0 + threadIdx.x; j < p1; j += blockDim.x) cp_async16(b + (j - p0), xr + j * V);
+#pragma unroll
+        for (int q = 0; q < TENSORS; q++) {
+            Pack<T> *b = at(stage, q);
+            const T *src = srcs[q] + r * strides[q];
+            for (int64_t j = p0 + threadIdx.x; j < p1; j += blockDim.x) cp_async16(b + (j - p0), src + j * V);
+        }
         cp_async_commit();
     };
     int64_t r = blockIdx.x / CTAS;
@@ -164,9 +174,22 @@ __device__ __forceinline__ void ring_rows(int64_t rows, int64_t packs, const T *
         } else {
             cp_async_wait<0>();
         }
-        row(r, static_cast<const Pack<T> *>(ring + stage * stage_packs));
+        Stage<T, TENSORS> st;
+#pragma unroll
+        for (int q = 0; q < TENSORS; q++) st.t[q] = at(stage, q);
+        row(r, st);
         if (stages == 1 && next < rows) issue(next, 0);
     }
+}
+
+/* One tensor: row(r, buf), pack j at buf[j - p0]. */
+template <typename T, int CTAS, typename Row>
+__device__ __forceinline__ void ring_rows(int64_t rows, int64_t packs, const T *x, int64_t xs, int stages,
+                                          int64_t p0, int64_t p1, Pack<T> *ring, Row row) {
+    const T *const srcs[1] = {x};
+    const int64_t strides[1] = {xs};
+    ring_rows<T, CTAS, 1>(rows, packs, srcs, strides, stages, p0, p1, ring,
+                          [&](int64_t r, const Stage<T, 1> &st) { row(r, st.t[0]); });
 }
 
 /* The persistent plan of the ring kernels: a grid of as many clusters as

@@ -213,7 +213,9 @@ void test_cuda_plans(void)
         {OPSMITH_DTYPE_BF16, 2000, 8192, 1, "staged", 1},
         {OPSMITH_DTYPE_F32, 2000, 8192, 1, "staged", 1},
         {OPSMITH_DTYPE_F64, 2000, 8192, 1, "staged", 2},
-        {OPSMITH_DTYPE_BF16, 300, 32768, 0, "generic", 0},
+        {OPSMITH_DTYPE_BF16, 300, 32768, 0, "ring", 2},     /* many rows of >= 1024 packs */
+        {OPSMITH_DTYPE_BF16, 2000, 8192, 0, "ring", 1},
+        {OPSMITH_DTYPE_BF16, 100, 8192, 0, "resident", 1},  /* fewer rows than SMs */
         {OPSMITH_DTYPE_BF16, 300, 32768, 1, "staged", 2},
         {OPSMITH_DTYPE_BF16, 140, 4096, 1, "resident", 1},
         {OPSMITH_DTYPE_BF16, 200, 65536, 1, "staged", 4},
