@@ -194,11 +194,15 @@ __global__ void rows_kernel(int64_t rows, int64_t n, const T *x, int64_t xs, con
  * no block barrier for the ring. The last CTA also takes the tail (n % VEC
  * elements) straight from global memory, each element read and written by
  * one thread. In place is safe: a CTA writes only its own slice of its
- * row, after the cluster barrier that follows every CTA's reads of that
- * row (the target's logit is read before it); the row loading meanwhile is
- * another row. The CTAs' partials go through ClusterGather (st.async and an
- * mbarrier a row: no release barrier, so a row never waits for the last
- * row's gradient stores to land). */
+ * row (and the last CTA the tail), after its own reads of it, and no CTA
+ * reads global memory of the row that another CTA writes: the target's
+ * logit is read by the thread that holds it (its pack in shared memory, or
+ * its tail element), and the row's loss is written by that CTA (thread 0,
+ * through shared memory), never read from global memory another CTA may
+ * already have overwritten. The row loading meanwhile is another row. The CTAs'
+ * partials go through ClusterGather (st.async and an mbarrier a row: no
+ * release barrier, so a row never waits for the last row's gradient stores
+ * to land). */
 template <typename T, typename A, int CTAS>
 __global__ void __launch_bounds__(kSliceThreads, kSliceMinBlocks)
 rows_ring_kernel(int64_t rows, int64_t n, const T *x, int64_t xs, const int64_t *__restrict__ tg, int64_t ts,
@@ -207,27 +211,43 @@ rows_ring_kernel(int64_t rows, int64_t n, const T *x, int64_t xs, const int64_t 
                  int64_t *__restrict__ error, int64_t row_offset, int stages) {
     extern __shared__ __align__(16) unsigned char slice_smem[];
     Pack<T> *ring = reinterpret_cast<Pack<T> *>(slice_smem);
-    __shared__ A scratch[96], part[2 * CTAS * 4];
+    /* part: the gather's slots (m, M, s, sum w y); yt: the target's logit
+     * from the thread that holds it to its CTA's thread 0, the row's writer,
+     * by row parity (its holder writes it again two rows later, after a
+     * block barrier the writer passes only once it has read it) */
+    __shared__ A scratch[96], part[2 * CTAS * 4], yt[2];
     __shared__ uint64_t part_barriers[2];
     ClusterGather<CTAS, A, 4> cluster{part, part_barriers};
     cluster.init();
     constexpr int V = Pack<T>::VEC;
     const int rank = cluster_rank<CTAS>();
-    const int64_t packs = n / V, body = packs * V;
+    const int64_t packs = n / V, body = packs * V, slice = (packs + CTAS - 1) / CTAS;
     int64_t p0, p1;
     slice_of<CTAS>(packs, rank, p0, p1);
     const bool smooth = o.ls_n > A(0);
-    const bool writer = rank == 0 && threadIdx.x == 0;
     const int64_t ti = body + threadIdx.x; /* this thread's tail element, in the last CTA */
     const bool tail = rank == CTAS - 1 && ti < n;
+    int parity = 0;
     ring_rows<T, CTAS>(rows, packs, x, xs, stages, p0, p1, ring, [&](int64_t r, const Pack<T> *buf) {
+        const int par = parity;
+        parity ^= 1;
         const T *xr = x + r * xs;
         const int64_t t = tg[r * ts];
         const bool ignored = t == ignore, bad = !ignored && (t < 0 || t >= n);
-        A y_t = 0;
-        if (writer && !ignored && !bad) y_t = capped(to_acc(xr[t]), o);
         A y_tail = 0;
         if (tail) y_tail = capped(to_acc(xr[ti]), o);
+        /* the CTA holding the target's column (rank 0 without a target), and
+         * in it the thread (recomputed where needed: cheaper than keeping it live) */
+        const bool has_t = !ignored && !bad;
+        auto owner = [&]() { return !has_t ? 0 : t < body ? (int)(t / V / slice) : CTAS - 1; };
+        if (has_t && rank == owner()) {
+            if (t < body) {
+                const int64_t jt = t / V;
+                if ((jt - p0) % blockDim.x == threadIdx.x) yt[par] = capped(to_acc(buf[jt - p0].v[t % V]), o);
+            } else if (tail && ti == t) {
+                yt[par] = y_tail;
+            }
+        }
 
         RowStat<A> st;
         A wy = 0;
@@ -242,7 +262,7 @@ rows_ring_kernel(int64_t rows, int64_t n, const T *x, int64_t xs, const int64_t 
             A one[1] = {y_tail};
             add_logits(one, ti, w, smooth, st, wy);
         }
-        st.block_merge(scratch);
+        st.block_merge(scratch); /* its block barriers also publish yt[par] */
         if (smooth) wy = block_sum(wy, scratch);
         if constexpr (CTAS > 1) {
             /* every CTA merges the CTAs' partials in rank order: the same bits everywhere */
@@ -256,6 +276,8 @@ rows_ring_kernel(int64_t rows, int64_t n, const T *x, int64_t xs, const int64_t 
                 wy += all[4 * q + 3];
             }
         }
+        const bool writer = threadIdx.x == 0 && rank == owner();
+        const A y_t = writer && has_t ? yt[par] : A(0);
         const RowGrad<A> grad = row_finish(st, wy, y_t, r, t, ignored, bad, w, o, reduction, dw, loss_rows,
                                            z_rows, row_offset, lse_out, error, writer);
         if (!dl) return;
