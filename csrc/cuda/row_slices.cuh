@@ -218,7 +218,7 @@ inline Launch ring_launch(const void *const kernels[4], int64_t rows, int64_t pa
             threads = threads < 64 ? 64 : threads > kSliceThreads ? kSliceThreads : threads;
             Launch l{kernels[i], (int)threads, c, (size_t)bytes, 0, c > 1 ? "ring cluster" : "ring"};
             l = fit_grid(l, rows);
-            if (l.grid < 1) return none;
+            if (l.grid < 1) break; /* the device refuses it: one stage, else none */
             *stages_out = stages;
             return l;
         }
