@@ -209,8 +209,6 @@ rows_ring_kernel(int64_t rows, int64_t n, const T *x, int64_t xs, const int64_t 
                  const A *__restrict__ w, int64_t ignore, Opts<A> o, int reduction, const A *__restrict__ dw,
                  A *__restrict__ loss_rows, A *__restrict__ z_rows, A *__restrict__ lse_out, T *dl, int64_t dls,
                  int64_t *__restrict__ error, int64_t row_offset, int stages) {
-    extern __shared__ __align__(16) unsigned char slice_smem[];
-    Pack<T> *ring = reinterpret_cast<Pack<T> *>(slice_smem);
     /* part: the gather's slots (m, M, s, sum w y); yt: the target's logit
      * from the thread that holds it to its CTA's thread 0, the row's writer,
      * by row parity (its holder writes it again two rows later, after a
@@ -220,15 +218,15 @@ rows_ring_kernel(int64_t rows, int64_t n, const T *x, int64_t xs, const int64_t 
     ClusterGather<CTAS, A, 4> cluster{part, part_barriers};
     cluster.init();
     constexpr int V = Pack<T>::VEC;
-    const int rank = cluster_rank<CTAS>();
     const int64_t packs = n / V, body = packs * V, slice = (packs + CTAS - 1) / CTAS;
-    int64_t p0, p1;
-    slice_of<CTAS>(packs, rank, p0, p1);
+    const RingCta<T, CTAS> c(packs);
+    const int rank = c.rank;
+    const int64_t p0 = c.p0, p1 = c.p1;
     const bool smooth = o.ls_n > A(0);
     const int64_t ti = body + threadIdx.x; /* this thread's tail element, in the last CTA */
     const bool tail = rank == CTAS - 1 && ti < n;
     int parity = 0;
-    ring_rows<T, CTAS>(rows, packs, x, xs, stages, p0, p1, ring, [&](int64_t r, const Pack<T> *buf) {
+    ring_rows<T, CTAS>(rows, packs, x, xs, stages, p0, p1, c.ring, [&](int64_t r, const Pack<T> *buf) {
         const int par = parity;
         parity ^= 1;
         const T *xr = x + r * xs;

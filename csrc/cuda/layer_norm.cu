@@ -321,17 +321,14 @@ layer_norm_fwd_ring_kernel(int64_t rows, int64_t n, const T *x, int64_t xs, cons
                            const W *__restrict__ b, A eps, T *y, int64_t ys, A *__restrict__ mean,
                            A *__restrict__ rstd, int stages) {
     constexpr int S = Pack<T>::VEC;
-    extern __shared__ __align__(16) unsigned char slice_smem[];
-    Pack<T> *ring = reinterpret_cast<Pack<T> *>(slice_smem);
     __shared__ A scratch[32], sums[2 * CTAS];
     __shared__ uint64_t sum_barriers[2];
     ClusterSum<CTAS, A> cluster{sums, sum_barriers};
     cluster.init();
-    const int rank = cluster_rank<CTAS>();
     const int64_t packs = n / S;
-    int64_t p0, p1;
-    slice_of<CTAS>(packs, rank, p0, p1);
-    ring_rows<T, CTAS>(rows, packs, x, xs, stages, p0, p1, ring, [&](int64_t r, const Pack<T> *buf) {
+    const RingCta<T, CTAS> c(packs);
+    const int64_t p0 = c.p0, p1 = c.p1;
+    ring_rows<T, CTAS>(rows, packs, x, xs, stages, p0, p1, c.ring, [&](int64_t r, const Pack<T> *buf) {
         A s = 0;
         for (int64_t j = p0 + threadIdx.x; j < p1; j += blockDim.x) {
             const Pack<T> p = buf[j - p0];
@@ -349,7 +346,7 @@ layer_norm_fwd_ring_kernel(int64_t rows, int64_t n, const T *x, int64_t xs, cons
             }
         }
         const A rs = rsqrt_acc(cluster.sum(block_sum(q, scratch)) / (A)n + eps);
-        if (rank == 0 && threadIdx.x == 0) mean[r] = mu, rstd[r] = rs;
+        if (c.rank == 0 && threadIdx.x == 0) mean[r] = mu, rstd[r] = rs;
         T *yr = y + r * ys;
         for (int64_t j = p0 + threadIdx.x; j < p1; j += blockDim.x) {
             const Pack<T> p = buf[j - p0];

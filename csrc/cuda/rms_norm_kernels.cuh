@@ -278,20 +278,17 @@ rms_norm_fwd_ring_kernel(int64_t rows, int64_t n, const T *x, int64_t xs, const 
                          A eps, Y *y, int64_t ys, A *__restrict__ inv_rms, AddIn<T> add, int stages) {
     constexpr int S = Pack<T>::VEC;
     constexpr int TENSORS = ADD ? 2 : 1;
-    extern __shared__ __align__(16) unsigned char slice_smem[];
-    Pack<T> *ring = reinterpret_cast<Pack<T> *>(slice_smem);
     __shared__ A scratch[32], sums[2 * CTAS];
     __shared__ uint64_t sum_barriers[2];
     ClusterSum<CTAS, A> cluster{sums, sum_barriers};
     cluster.init();
-    const int rank = cluster_rank<CTAS>();
     const int64_t packs = n / S;
-    int64_t p0, p1;
-    slice_of<CTAS>(packs, rank, p0, p1);
+    const RingCta<T, CTAS> c(packs);
+    const int64_t p0 = c.p0, p1 = c.p1;
     /* x, then the residual (ADD) */
     const T *const srcs[2] = {x, add.r};
     const int64_t strides[2] = {xs, add.rs};
-    ring_rows<T, CTAS, TENSORS>(rows, packs, srcs, strides, stages, p0, p1, ring,
+    ring_rows<T, CTAS, TENSORS>(rows, packs, srcs, strides, stages, p0, p1, c.ring,
                                 [&](int64_t r, const Stage<T, TENSORS> &st) {
         /* the pack normalised: x's, or h = x + r rounded to T */
         auto h_of = [&](int64_t j) {
@@ -314,7 +311,7 @@ rms_norm_fwd_ring_kernel(int64_t rows, int64_t n, const T *x, int64_t xs, const 
             }
         }
         const A inv = rsqrt_acc(cluster.sum(block_sum(sum_sq, scratch)) / (A)n + eps);
-        if (rank == 0 && threadIdx.x == 0) inv_rms[r] = inv;
+        if (c.rank == 0 && threadIdx.x == 0) inv_rms[r] = inv;
         for (int64_t j = p0 + threadIdx.x; j < p1; j += blockDim.x) {
             const Pack<T> p = h_of(j);
             Elems<W, S> wp;

@@ -132,6 +132,21 @@ inline Launch slice_launch(const void *const kernels[4], int64_t rows, int64_t p
     return none;
 }
 
+/* What every ring kernel starts from: the dynamic shared memory as its
+ * ring, this CTA's rank in its cluster and its slice [p0, p1) of a row of
+ * `packs` packs. */
+template <typename T, int CTAS> struct RingCta {
+    Pack<T> *ring;
+    int rank;
+    int64_t p0, p1;
+    __device__ explicit RingCta(int64_t packs) {
+        extern __shared__ __align__(16) unsigned char slice_smem[];
+        ring = reinterpret_cast<Pack<T> *>(slice_smem);
+        rank = cluster_rank<CTAS>();
+        slice_of<CTAS>(packs, rank, p0, p1);
+    }
+};
+
 /* A stage of a ring kernel: this CTA's slice of each of TENSORS rows (pack
  * j of tensor q at t[q][j - p0]). */
 template <typename T, int TENSORS> struct Stage {

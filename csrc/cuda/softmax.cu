@@ -68,20 +68,17 @@ __global__ void fwd_kernel(int64_t n, const T *x, int64_t xs, bool lg, T *y, int
 template <typename T, typename A, int CTAS>
 __global__ void __launch_bounds__(kSliceThreads, kSliceMinBlocks)
 fwd_ring_kernel(int64_t rows, int64_t n, const T *x, int64_t xs, bool lg, T *y, int64_t ys, int stages) {
-    extern __shared__ __align__(16) unsigned char slice_smem[];
-    Pack<T> *ring = reinterpret_cast<Pack<T> *>(slice_smem);
     __shared__ A scratch[96], part[2 * CTAS * 3];
     __shared__ uint64_t part_barriers[2];
     ClusterGather<CTAS, A, 3> cluster{part, part_barriers};
     cluster.init();
     constexpr int V = Pack<T>::VEC;
-    const int rank = cluster_rank<CTAS>();
     const int64_t packs = n / V, body = packs * V;
-    int64_t p0, p1;
-    slice_of<CTAS>(packs, rank, p0, p1);
+    const RingCta<T, CTAS> c(packs);
+    const int64_t p0 = c.p0, p1 = c.p1;
     const int64_t ti = body + threadIdx.x;
-    const bool tail = rank == CTAS - 1 && ti < n;
-    ring_rows<T, CTAS>(rows, packs, x, xs, stages, p0, p1, ring, [&](int64_t r, const Pack<T> *buf) {
+    const bool tail = c.rank == CTAS - 1 && ti < n;
+    ring_rows<T, CTAS>(rows, packs, x, xs, stages, p0, p1, c.ring, [&](int64_t r, const Pack<T> *buf) {
         const T *xr = x + r * xs;
         T *yr = y + r * ys;
         const A x_tail = tail ? to_acc(xr[ti]) : A(0);
