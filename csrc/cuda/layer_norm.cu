@@ -321,10 +321,8 @@ layer_norm_fwd_ring_kernel(int64_t rows, int64_t n, const T *x, int64_t xs, cons
                            const W *__restrict__ b, A eps, T *y, int64_t ys, A *__restrict__ mean,
                            A *__restrict__ rstd, int stages) {
     constexpr int S = Pack<T>::VEC;
-    __shared__ A scratch[32], sums[2 * CTAS];
-    __shared__ uint64_t sum_barriers[2];
-    ClusterSum<CTAS, A> cluster{sums, sum_barriers};
-    cluster.init();
+    __shared__ A scratch[32];
+    ClusterSum<CTAS, A> cluster = cluster_sum_in_smem<CTAS, A>();
     const int64_t packs = n / S;
     const RingCta<T, CTAS> c(packs);
     const int64_t p0 = c.p0, p1 = c.p1;

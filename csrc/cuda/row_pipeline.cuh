@@ -196,4 +196,14 @@ template <int CLUSTER, typename A> struct ClusterSum {
     __device__ void finish() { g.finish(); }
 };
 
+/* A ClusterSum over shared memory of its own (static: one per kernel that
+ * calls this), initialised: called by every thread of every CTA, once. */
+template <int CLUSTER, typename A> __device__ __forceinline__ ClusterSum<CLUSTER, A> cluster_sum_in_smem() {
+    __shared__ A slots[2 * CLUSTER];
+    __shared__ uint64_t barriers[2];
+    ClusterSum<CLUSTER, A> s{slots, barriers};
+    s.init();
+    return s;
+}
+
 } // namespace opsmith
