@@ -135,16 +135,8 @@ __device__ __forceinline__ float update(const Consts &c, bool amsgrad, float p, 
 /* Programmatic dependent launch (sm_90): the next launch of the call may
  * start now; this block's end waits for the previous launch's. No-ops when
  * the launch did not ask for the overlap. */
-__device__ __forceinline__ void let_next_launch_start() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void wait_for_previous_launch() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
+__device__ __forceinline__ void let_next_launch_start() { OPSMITH_SM90_ASM("griddepcontrol.launch_dependents;"); }
+__device__ __forceinline__ void wait_for_previous_launch() { OPSMITH_SM90_ASM("griddepcontrol.wait;"); }
 
 template <typename P, typename G> __device__ __forceinline__ void step_chunk(const StepTable &tab, const StepScalars &s);
 

@@ -11,6 +11,14 @@
 
 #include "internal.h"
 
+/* An sm_90 instruction without operands (PTX text, a memory clobber);
+ * nothing when compiled for an older target. */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define OPSMITH_SM90_ASM(text) asm volatile(text ::: "memory")
+#else
+#define OPSMITH_SM90_ASM(text) ((void)0)
+#endif
+
 namespace opsmith {
 
 /* Storage type for each dtype, and the type sums are kept in. */

@@ -653,19 +653,13 @@ template <typename T, typename W, typename A> Launch bwd_launch(int64_t rows, in
     return l;
 }
 
-/* Rows of at least this many packs (16 KB of bf16), more rows than SMs:
- * the ring forward, whose next row loads while this one is reduced; the
- * resident forward holds one or two such rows an SM and waits on each
- * (0.65-0.69 of copy at 4096 x 8192 and 8192 x 16384 bf16, 2026-12-05). */
-constexpr int64_t kRingMinPacks = 1024;
-
 template <typename T, typename W, typename A> using FwdRing =
     void (*)(int64_t, int64_t, const T *, int64_t, const W *, const W *, A, T *, int64_t, A *, A *, int);
 
 /* The ring forward's launch for packed rows, grid == 0 when it does not apply. */
 template <typename T, typename W, typename A> Launch fwd_ring_launch(int64_t rows, int64_t n, int *stages) {
+    if (!norm_ring_applies(rows, n, Pack<T>::VEC)) return kGeneric;
     const int64_t packs = n / Pack<T>::VEC;
-    if (n % Pack<T>::VEC != 0 || packs < kRingMinPacks || rows <= sm_count()) return kGeneric;
     const void *const kernels[4] = {reinterpret_cast<const void *>(layer_norm_fwd_ring_kernel<T, W, A, 1>),
                                     reinterpret_cast<const void *>(layer_norm_fwd_ring_kernel<T, W, A, 2>),
                                     reinterpret_cast<const void *>(layer_norm_fwd_ring_kernel<T, W, A, 4>),

@@ -94,4 +94,15 @@ inline Launch keep_staged(Launch l, int64_t rows, int sms) {
     return l;
 }
 
+/* The norms' ring forward (row_slices.cuh) takes packed rows of at least
+ * kRingMinPacks packs (16 KB of bf16) when there are more rows than SMs:
+ * its next row loads while this one is reduced, where the resident forward
+ * holds one or two such rows an SM (64-106 registers a thread) and waits on
+ * each (0.65-0.77 of copy at 4096 x 8192 and wider, bf16, 2026-12-05). */
+constexpr int64_t kRingMinPacks = 1024;
+
+inline bool norm_ring_applies(int64_t rows, int64_t n, int vec) {
+    return n % vec == 0 && n / vec >= kRingMinPacks && rows > sm_count();
+}
+
 } // namespace opsmith

@@ -629,12 +629,6 @@ template <typename K, bool ADD = false> Launch fwd_launch(int64_t rows, int64_t 
     return Launch{nullptr, 0, 0, 0, 0, "generic"};
 }
 
-/* Rows of at least this many packs (16 KB of bf16), more rows than SMs:
- * the ring forward, whose next row loads while this one is reduced; the
- * resident forward holds one or two such rows an SM (74-106 registers a
- * thread) and waits on each (bench/NOTES.md, 2026-12-05). */
-constexpr int64_t kRingMinPacks = 1024;
-
 template <typename K> using FwdRingKernel =
     void (*)(int64_t, int64_t, const typename K::T *, int64_t, const typename K::W *, Opts<AccK<K>>, AccK<K>,
              typename K::Y *, int64_t, AccK<K> *, AddIn<typename K::T>, int);
@@ -647,8 +641,8 @@ template <typename K, bool ADD = false> Launch fwd_ring_launch(int64_t rows, int
     using Y = typename K::Y;
     using A = AccK<K>;
     const Launch none{nullptr, 0, 0, 0, 0, "generic"};
+    if (!norm_ring_applies(rows, n, Pack<T>::VEC)) return none;
     const int64_t packs = n / Pack<T>::VEC;
-    if (n % Pack<T>::VEC != 0 || packs < kRingMinPacks || rows <= sm_count()) return none;
     const void *const kernels[4] = {reinterpret_cast<const void *>(rms_norm_fwd_ring_kernel<T, W, Y, A, 1, ADD>),
                                     reinterpret_cast<const void *>(rms_norm_fwd_ring_kernel<T, W, Y, A, 2, ADD>),
                                     reinterpret_cast<const void *>(rms_norm_fwd_ring_kernel<T, W, Y, A, 4, ADD>),

@@ -68,10 +68,8 @@ template <int CLUSTER> __device__ __forceinline__ int cluster_rank() {
  * release/acquire makes memory writes before it visible after it (and so
  * waits for this thread's outstanding stores: once a kernel, not a row). */
 __device__ __forceinline__ void cluster_barrier() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.arrive.release.aligned;\n"
-                 "barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-#endif
+    OPSMITH_SM90_ASM("barrier.cluster.arrive.release.aligned;\n"
+                     "barrier.cluster.wait.acquire.aligned;");
 }
 
 /* Row by row exchange of K values per CTA over the CTAs of a cluster. Each

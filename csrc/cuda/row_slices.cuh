@@ -37,16 +37,8 @@ template <typename A> __device__ __forceinline__ A cluster_load(const A *at, int
  * longer reads the others' shared memory and waits just before it exits,
  * so none leaves while another may still read it, and no CTA waits in
  * between. */
-__device__ __forceinline__ void cluster_arrive_relaxed() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void cluster_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
-#endif
-}
+__device__ __forceinline__ void cluster_arrive_relaxed() { OPSMITH_SM90_ASM("barrier.cluster.arrive.relaxed.aligned;"); }
+__device__ __forceinline__ void cluster_wait() { OPSMITH_SM90_ASM("barrier.cluster.wait.aligned;"); }
 
 
 /* Rows held on chip: a row (of `tensors` tensors, 16-byte packs) split over
