@@ -91,15 +91,32 @@ def _measure(spec: OpSpec, provider: str, rows, n, dtype, device, backward: bool
         # the pace of steps under ~1 ms): time the replay of a CUDA graph of
         # several calls (inputs rotate inside it), so the GPU time is measured
         calls = GRAPH_CALLS if moved < L2_FLUSH_BYTES else 3
-        try:
-            return _graph_ms(step, calls), moved, peak_extra, "graph"
-        except Exception:
-            torch.cuda.synchronize()
+        if not _waits_on_host(step):
+            try:
+                return _graph_ms(step, calls), moved, peak_extra, "graph"
+            except Exception:
+                torch.cuda.synchronize()
     return _do_bench(step), moved, peak_extra, "events"
 
 
 SMALL_ROWS = 64
 GRAPH_CALLS = 20
+
+
+def _waits_on_host(step) -> bool:
+    """Whether a step synchronises with the host (Liger's cross-entropy
+    does): such a step is timed by events, never captured, since a capture
+    it breaks can leave the stream capturing and every later case failing."""
+    prev = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        step()
+        return False
+    except RuntimeError:
+        return True
+    finally:
+        torch.cuda.set_sync_debug_mode(prev)
+        torch.cuda.synchronize()
 
 
 def _graph_ms(step, calls: int = GRAPH_CALLS) -> float:

@@ -156,8 +156,8 @@ def test_cuda_on_chip_plans(dtype, rows, n, scale, masked):
 
 
 # More rows than clusters fit at once: each persistent cluster walks several
-# rows, alternating its two slice stages and partial slots (bf16 128256: 8-CTA
-# clusters, two stages; 262144: one stage; 2000 x 1000: one-CTA rows), the
+# rows, alternating its partial slots (bf16 128256: 4-CTA clusters, 262144:
+# 8; 16384 and 1000: one-CTA rows, two slice stages), the
 # gradient written over the logits too (inplace_grad), against float64.
 @CUDA
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)

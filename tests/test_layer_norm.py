@@ -203,7 +203,8 @@ def test_variance_is_two_pass(device, n):
 
 # The ring forward (many rows of at least 1024 packs): more rows than its
 # persistent clusters, so each walks several (bf16 8192: one-CTA rows, two
-# stages; 32768: clusters of 2); mixed parameter dtype and no bias too; the
+# stages; bf16 32768: one stage; f32 32768: clusters of 2); mixed parameter
+# dtype and no bias too; the
 # output allocated over NaN first; float64 reference.
 @needs_cuda
 @pytest.mark.parametrize("xd,wd,affine", [(torch.bfloat16, torch.bfloat16, (True, True)),

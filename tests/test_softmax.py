@@ -123,7 +123,8 @@ def test_cuda_on_chip_plans(dtype, rows, n, scale, masked):
 
 
 # More rows than clusters fit at once: each persistent cluster of the forward
-# walks several rows (two slice stages where two fit, one for 262144), the
+# walks several rows (two slice stages where one CTA holds two rows, else
+# one stage in a cluster), the
 # output allocated over NaN first; float64 references.
 @CUDA
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)

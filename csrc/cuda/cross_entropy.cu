@@ -2,16 +2,17 @@
  * the host (so the forward and backward capture in a CUDA graph):
  *   1. prep (one block): the mean's denominator (sum of w[t] over the rows
  *      not ignored) and W = sum_c w[c], into the workspace;
- *   2. rows: for 16-byte aligned rows that fit on chip, the row is loaded
- *      once into the shared memory of a thread-block cluster (one CTA for
- *      narrow rows, up to 8 for wider; online_softmax.cuh, ring_launch),
- *      persistent over the rows with the next row's slice loading while
- *      this one is worked on where two slices fit, reduced
+ *   2. rows: with the gradient, for 16-byte aligned rows that fit on chip,
+ *      the row is loaded once into the shared memory of a thread-block
+ *      cluster (one CTA for narrow rows, up to 8 for wider;
+ *      online_softmax.cuh, ring_launch), persistent over the rows with the
+ *      next row's slice loading while this one is worked on where one CTA
+ *      holds two, reduced
  *      (max, exponential sum; the weighted logit sum when smoothing), the
  *      partials exchanged through distributed shared memory, and - the
  *      fused training path - the gradient of the reduced loss written from
  *      shared memory: logits read once, gradient written once. Otherwise
- *      (unaligned rows, rows too wide, no clusters) a block a row streams
+ *      (no gradient, unaligned rows, rows too wide, no clusters) a block a row streams
  *      through it: sweep 1 for the statistics (16-byte packs with a scalar
  *      tail), sweep 2 reads the row again (from L2 where it still is) for
  *      the gradient. Either way over the logits when dlogits is logits:
@@ -379,7 +380,10 @@ opsmith_status rows_pass(int64_t rows, int64_t n, const void *x, int64_t xs, con
     const int threads = threads_for(n, packed ? vec : 1);
     Launch l{nullptr, 0, 0, 0, 0, "streaming"};
     int stages = 1;
-    if (packed) {
+    /* a forward without the gradient reads each row once either way: the
+     * streaming kernel, 0.56 of copy at 8192 x 128256 bf16 on the H200
+     * against the ring's 0.51 (bench/NOTES.md, 2026-12-05) */
+    if (packed && dl) {
         const void *const kernels[4] = {
             reinterpret_cast<const void *>(rows_ring_kernel<T, A, 1>),
             reinterpret_cast<const void *>(rows_ring_kernel<T, A, 2>),

@@ -4,6 +4,7 @@
 #include "launch_plan.cuh"
 #include "rows.cuh"
 
+#include <cstdlib>
 #include <mutex>
 #include <vector>
 
@@ -122,6 +123,20 @@ Resident resident_plan(int64_t steps, int min_threads, bool latency, int max_ite
     int64_t t = (steps + iters - 1) / iters;
     t = (t + 31) / 32 * 32;
     return Resident{iters, (int)t};
+}
+
+const RingTuning &ring_tuning(void) {
+    static const RingTuning t = [] {
+        auto env = [](const char *name, long fallback, long lo, long hi) {
+            const char *v = getenv(name);
+            char *end = nullptr;
+            const long x = v && *v ? strtol(v, &end, 10) : fallback;
+            return v && *v && (*end || x < lo || x > hi) ? fallback : x;
+        };
+        return RingTuning{(int)env("OPSMITH_RING_STAGES", 2, 0, 2), (int)env("OPSMITH_RING_MAX_CTAS", 8, 1, 8),
+                          (int64_t)env("OPSMITH_RING_SLICE_KB", kOnChipSliceBytes / 1024, 1, 227) * 1024};
+    }();
+    return t;
 }
 
 Launch fit_grid(Launch l, int64_t rows) {

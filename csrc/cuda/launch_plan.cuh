@@ -39,6 +39,19 @@ struct Launch {
     const char *family; /* "resident", "staged"; for tests and notes */
 };
 
+/* The ring plans' tuning (row_slices.cuh, ring_launch), read once from the
+ * environment so a benchmark can compare plans in one build:
+ * OPSMITH_RING_STAGES (0: no ring plan; 1: one stage; 2, the default: up to
+ * two), OPSMITH_RING_MAX_CTAS (largest cluster, default 8) and
+ * OPSMITH_RING_SLICE_KB (shared memory a CTA aims for, default
+ * kOnChipSliceBytes). */
+constexpr int64_t kOnChipSliceBytes = 72 * 1024;
+struct RingTuning {
+    int stages, max_ctas;
+    int64_t slice_bytes;
+};
+const RingTuning &ring_tuning(void);
+
 /* The grid of as many blocks (clusters) as fit at once, at most one a row:
  * each then walks rows / grid rows; a second wave would only add a tail. */
 Launch fit_grid(Launch l, int64_t rows);

@@ -54,7 +54,6 @@ __device__ __forceinline__ void cluster_wait() { OPSMITH_SM90_ASM("barrier.clust
 constexpr int kSliceThreads = 512;
 /* three 512-thread CTAs an SM: at most 42 registers a thread */
 constexpr int kSliceMinBlocks = 3;
-constexpr int64_t kOnChipSliceBytes = 72 * 1024;
 
 /* the CTA's packs [p0, p1) of a row of `packs` packs */
 template <int CTAS> __device__ __forceinline__ void slice_of(int64_t packs, int rank, int64_t &p0, int64_t &p1) {
@@ -200,35 +199,38 @@ __device__ __forceinline__ void ring_rows(int64_t rows, int64_t packs, const T *
 }
 
 /* The persistent plan of the ring kernels: a grid of as many clusters as
- * fit at once (fit_grid), each walking rows c, c + clusters, ... . With
- * two stages a CTA holds two slices: the next row's loads (one cp.async
- * group a row) are in flight while this row is reduced and written, and a
- * CTA never waits on its own load once the ring is full. Two stages where
- * both slices fit kOnChipSliceBytes (so three CTAs still share an SM); else one
- * stage, sized as slice_launch sizes it (the loads of the next row then
- * start once this row is written). *stages_out: 1 or 2. */
+ * fit at once (fit_grid), each walking rows c, c + clusters, ... . The
+ * cluster is the smallest whose one-stage slice fits the aimed-for shared
+ * memory (kOnChipSliceBytes: three CTAs an SM), else the largest. A second
+ * stage (the next row's loads in flight while this row is reduced and
+ * written) is taken only where it fits without a larger cluster, that is
+ * where one CTA holds the row twice: measured on the H200 (bench/NOTES.md,
+ * 2026-12-05), doubling the cluster for a second stage lost 10-35% (CE at
+ * 8192 x 128256: 0.33 of copy forward with two stages in 8-CTA clusters,
+ * 0.51 with one in 4-CTA clusters), while three CTAs an SM already overlap
+ * one CTA's loads with another's math. *stages_out: 1 or 2. */
 inline Launch ring_launch(const void *const kernels[4], int64_t rows, int64_t packs, int tensors, int *stages_out) {
     const Launch none{nullptr, 0, 0, 0, 0, "streaming"};
     DeviceInfo d;
     int device;
-    if (rows < 1 || packs < 1 || !device_info(&d, &device)) return none;
-    const int max_ctas = d.major >= 9 ? 8 : 1;
-    for (int stages = 2; stages >= 1; stages--) {
-        for (int i = 0, c = 1; c <= max_ctas; i++, c *= 2) {
-            const int64_t slice = (packs + c - 1) / c;
-            const int64_t bytes = slice * 16 * tensors * stages;
-            const bool last = c == max_ctas;
-            if (bytes > kOnChipSliceBytes && (stages == 2 || !last)) continue;
-            if (bytes > (int64_t)d.optin_smem) return none;
-            int64_t threads = (slice + 3) / 4; /* about 4 packs a thread */
-            threads = (threads + 31) / 32 * 32;
-            threads = threads < 64 ? 64 : threads > kSliceThreads ? kSliceThreads : threads;
-            Launch l{kernels[i], (int)threads, c, (size_t)bytes, 0, c > 1 ? "ring cluster" : "ring"};
-            l = fit_grid(l, rows);
-            if (l.grid < 1) break; /* the device refuses it: one stage, else none */
-            *stages_out = stages;
-            return l;
-        }
+    const RingTuning &tune = ring_tuning();
+    if (rows < 1 || packs < 1 || tune.stages < 1 || !device_info(&d, &device)) return none;
+    const int max_ctas = d.major >= 9 ? tune.max_ctas : 1;
+    auto slice_bytes = [&](int c) { return (packs + c - 1) / c * 16 * tensors; };
+    int i = 0, c = 1;
+    while (c * 2 <= max_ctas && slice_bytes(c) > tune.slice_bytes) c *= 2, i++;
+    const int64_t slice = (packs + c - 1) / c;
+    int64_t threads = (slice + 3) / 4; /* about 4 packs a thread */
+    threads = (threads + 31) / 32 * 32;
+    threads = threads < 64 ? 64 : threads > kSliceThreads ? kSliceThreads : threads;
+    for (int stages = tune.stages == 2 && 2 * slice_bytes(c) <= tune.slice_bytes ? 2 : 1; stages >= 1; stages--) {
+        const int64_t bytes = slice_bytes(c) * stages;
+        if (bytes > (int64_t)d.optin_smem) continue;
+        Launch l{kernels[i], (int)threads, c, (size_t)bytes, 0, c > 1 ? "ring cluster" : "ring"};
+        l = fit_grid(l, rows);
+        if (l.grid < 1) continue; /* the device refuses it: one stage, else none */
+        *stages_out = stages;
+        return l;
     }
     return none;
 }

@@ -755,7 +755,7 @@ static void ln_cuda_plans(void)
         {OPSMITH_DTYPE_BF16, OPSMITH_DTYPE_BF16, 300, 16384, 0, "ring"},      /* more rows than SMs, >= 1024 packs */
         {OPSMITH_DTYPE_BF16, OPSMITH_DTYPE_BF16, 300, 4096, 0, "resident"},   /* 512 packs */
         {OPSMITH_DTYPE_BF16, OPSMITH_DTYPE_BF16, 100, 16384, 0, "resident"},  /* fewer rows than SMs */
-        {OPSMITH_DTYPE_BF16, OPSMITH_DTYPE_BF16, 140, 32768, 0, "ring"},      /* a cluster of 2 */
+        {OPSMITH_DTYPE_BF16, OPSMITH_DTYPE_BF16, 140, 32768, 0, "ring"},      /* 64 KB: one CTA a row */
         {OPSMITH_DTYPE_BF16, OPSMITH_DTYPE_BF16, 140, 40000, 0, "ring"},
         {OPSMITH_DTYPE_BF16, OPSMITH_DTYPE_BF16, 140, 40004, 0, "generic"},   /* not whole packs */
         {OPSMITH_DTYPE_BF16, OPSMITH_DTYPE_BF16, 13000, 512, 0, "warp"},

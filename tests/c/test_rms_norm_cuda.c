@@ -213,7 +213,8 @@ void test_cuda_plans(void)
         {OPSMITH_DTYPE_BF16, 2000, 8192, 1, "staged", 1},
         {OPSMITH_DTYPE_F32, 2000, 8192, 1, "staged", 1},
         {OPSMITH_DTYPE_F64, 2000, 8192, 1, "staged", 2},
-        {OPSMITH_DTYPE_BF16, 300, 32768, 0, "ring", 2},     /* many rows of >= 1024 packs */
+        {OPSMITH_DTYPE_BF16, 300, 32768, 0, "ring", 1},     /* many rows of >= 1024 packs: 64 KB, one CTA */
+        {OPSMITH_DTYPE_F32, 300, 32768, 0, "ring", 2},      /* 128 KB: a cluster of 2 */
         {OPSMITH_DTYPE_BF16, 2000, 8192, 0, "ring", 1},
         {OPSMITH_DTYPE_BF16, 100, 8192, 0, "resident", 1},  /* fewer rows than SMs */
         {OPSMITH_DTYPE_BF16, 300, 32768, 1, "staged", 2},
