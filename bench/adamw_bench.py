@@ -118,6 +118,11 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="a quarter of the Llama-like set, 2000 small tensors")
     ap.add_argument("--out", default=None, help="directory for results.json, table.md and adamw.png")
     ap.add_argument("--plot", metavar="RESULTS_JSON", help="only draw adamw.png from a results.json")
+    ap.add_argument("--sets", nargs="+", choices=["llama", "small"], default=["llama", "small"],
+                    help="the parameter sets to run (default both)")
+    ap.add_argument("--modes", nargs="+", choices=["fp32", "bf16_master"], default=["fp32", "bf16_master"])
+    ap.add_argument("--providers", nargs="+", metavar="NAME", default=None,
+                    help="only these providers (their names in the table, e.g. opsmith opsmith+clip)")
     args = ap.parse_args(argv)
     if args.plot:
         print(plot(args.plot))
@@ -126,13 +131,20 @@ def main(argv=None):
         print("adamw_bench: needs a CUDA device")
         return 2
     copy = copy_bandwidth_gbs("cuda")
-    sets = {"llama_500M_300t": llama_shapes(0.25 if args.quick else 1.0),
-            "small_8000t": small_shapes(2000 if args.quick else 8000)}
+    sets = {}
+    if "llama" in args.sets:
+        sets["llama_500M_300t"] = llama_shapes(0.25 if args.quick else 1.0)
+    if "small" in args.sets:
+        sets["small_8000t"] = small_shapes(2000 if args.quick else 8000)
     rows = []
     for set_name, shapes in sets.items():
         n_params = sum(math.prod(s) for s in shapes)
         for mode, dtype in (("fp32", torch.float32), ("bf16_master", torch.bfloat16)):
+            if mode not in args.modes:
+                continue
             for name, build in providers(mode).items():
+                if args.providers is not None and name not in args.providers:
+                    continue
                 params = make(shapes, dtype)
                 opt, step = build(params, False)
                 step()  # state made outside the timing
