@@ -211,8 +211,8 @@ std::tuple<at::Tensor, at::Tensor> adamw_grad_norm(at::TensorList grads, double 
     const Flat fg = flat(grads, false);
     const std::vector<const void *> g = pointers<const void *>(fg.dense);
     // two tensors, not two views of one: results must not alias each other
-    at::Tensor out = at::empty({}, grads[0].options().dtype(at::kFloat));
-    at::Tensor coef = at::empty({}, grads[0].options().dtype(at::kFloat));
+    at::Tensor out = empty_output({}, grads[0].options().dtype(at::kFloat));
+    at::Tensor coef = empty_output({}, grads[0].options().dtype(at::kFloat));
     float *norm = out.data_ptr<float>(), *coef_p = coef.data_ptr<float>();
     opsmith_status status;
 #if OPSMITH_WITH_CUDA

@@ -69,8 +69,8 @@ Checked check_fwd(const at::Tensor &logits, const at::Tensor &target, const std:
 }
 
 at::Tensor loss_like(const at::Tensor &logits, int64_t reduction) {
-    return reduction == OPSMITH_CROSS_ENTROPY_REDUCTION_NONE ? at::empty({logits.size(0)}, logits.options())
-                                                             : at::empty({}, logits.options());
+    return reduction == OPSMITH_CROSS_ENTROPY_REDUCTION_NONE ? empty_output({logits.size(0)}, logits.options())
+                                                             : empty_output({}, logits.options());
 }
 
 // Runs the forward launcher; dl (or nullptr) with row stride dls.
@@ -122,7 +122,7 @@ cross_entropy_fwd(const at::Tensor &logits, const at::Tensor &target, const std:
                   bool compute_grad) {
     const Checked c = check_fwd(logits, target, weight, label_smoothing, z_loss, softcap, reduction);
     at::Tensor loss = loss_like(logits, reduction), z = loss_like(logits, reduction);
-    at::Tensor dl = compute_grad ? at::empty(logits.sizes(), logits.options()) : at::empty({0}, logits.options());
+    at::Tensor dl = compute_grad ? empty_output(logits.sizes(), logits.options()) : empty_output({0}, logits.options());
     at::Tensor error = at::zeros({OPSMITH_CROSS_ENTROPY_ERROR_COUNT}, logits.options().dtype(at::kLong));
     run_fwd(c, logits, ignore_index, label_smoothing, z_loss, softcap, reduction, loss, z,
             compute_grad && dl.numel() ? dl.data_ptr() : nullptr, c.x.n, error);
@@ -183,7 +183,7 @@ void run_bwd(const at::Tensor &grad, const Rows &d, void *dx, int64_t dxs, const
 // dlogits_out = cross_entropy_bwd(grad, dlogits) = grad * dlogits (per row for reduction none).
 at::Tensor cross_entropy_bwd(const at::Tensor &grad, const at::Tensor &dlogits) {
     check_bwd(grad, dlogits);
-    at::Tensor dx = at::empty(dlogits.sizes(), dlogits.options());
+    at::Tensor dx = empty_output(dlogits.sizes(), dlogits.options());
     if (dlogits.numel() == 0) return dx;
     run_bwd(grad, as_rows(dlogits), dx.data_ptr(), dlogits.size(1), dlogits);
     return dx;

@@ -126,9 +126,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_add_rms_norm_fwd(const at::
     const Options o = check_fwd(x, residual, weight, eps, offset, casting_mode, out_dtype);
     const Rows xr = as_rows(x), rr = as_rows(residual);
     const at::Tensor w = weight.contiguous();
-    at::Tensor y = at::empty(x.sizes(), x.options().dtype(out_dtype.value_or(x.scalar_type())));
-    at::Tensor h = at::empty(x.sizes(), x.options());
-    at::Tensor inv_rms = at::empty(x.sizes().slice(0, x.dim() - 1), x.options().dtype(accumulate_type(x)));
+    at::Tensor y = empty_output(x.sizes(), x.options().dtype(out_dtype.value_or(x.scalar_type())));
+    at::Tensor h = empty_output(x.sizes(), x.options());
+    at::Tensor inv_rms = empty_output(x.sizes().slice(0, x.dim() - 1), x.options().dtype(accumulate_type(x)));
     if (xr.rows == 0) return {y, h, inv_rms};
     run_fwd(o, xr, rr, x, w.data_ptr(), eps, y, h.data_ptr(), xr.n, inv_rms);
     return {y, h, inv_rms};
@@ -144,9 +144,9 @@ at::Tensor fused_add_rms_norm_(const at::Tensor &x, at::Tensor &residual, const 
                 "_: residual is written in place, so its rows must be addressable as they are (last dim "
                 "contiguous, rows one stride apart, not overlapping), got strides ", text(residual.strides()));
     const at::Tensor w = weight.contiguous();
-    at::Tensor y = at::empty(x.sizes(), x.options().dtype(out_dtype.value_or(x.scalar_type())));
+    at::Tensor y = empty_output(x.sizes(), x.options().dtype(out_dtype.value_or(x.scalar_type())));
     if (xr.rows == 0) return y;
-    at::Tensor inv_rms = at::empty({xr.rows}, x.options().dtype(accumulate_type(x)));
+    at::Tensor inv_rms = empty_output({xr.rows}, x.options().dtype(accumulate_type(x)));
     run_fwd(o, xr, rr, x, w.data_ptr(), eps, y, residual.data_ptr(), rr.stride, inv_rms);
     return y;
 }
@@ -173,14 +173,14 @@ std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_bwd(const std::optional<at
                 h.scalar_type(), " h, got ", inv_rms.scalar_type());
     TORCH_CHECK(inv_rms.sizes() == h.sizes().slice(0, h.dim() - 1), kOp, ": inv_rms must have shape h.shape[:-1] ",
                 text(h.sizes().slice(0, h.dim() - 1)), ", got ", text(inv_rms.sizes()));
-    at::Tensor dx = at::empty(h.sizes(), h.options());
+    at::Tensor dx = empty_output(h.sizes(), h.options());
     if (!dy.has_value()) {
         // no gradient reaches y: dx = dh, and the weight gets none
         if (dh.has_value()) dx.copy_(*dh);
         else dx.zero_();
         return {dx, at::zeros({h.size(-1)}, weight.options())};
     }
-    at::Tensor dweight = at::empty({h.size(-1)}, weight.options());
+    at::Tensor dweight = empty_output({h.size(-1)}, weight.options());
     const Rows hr = as_rows(h), dyr = as_rows(*dy);
     std::optional<Rows> dhr;
     if (dh.has_value()) dhr = as_rows(*dh);

@@ -100,10 +100,10 @@ fused_linear_cross_entropy_fwd(const at::Tensor &hidden, const at::Tensor &weigh
     // the loss in float32 for 16-bit inputs (float64 for float64), as the
     // float32 cross-entropy of an LM head's logits gives
     const auto acc_opts = opts.dtype(accumulate_type(hidden));
-    at::Tensor loss = at::empty({}, acc_opts), z = at::empty({}, acc_opts);
-    at::Tensor dh = grad_hidden ? at::empty({N, D}, opts) : at::empty({0}, opts);
-    at::Tensor dw = grad_weight ? at::empty({V, D}, opts) : at::empty({0}, opts);
-    at::Tensor db = grad_bias && has_bias ? at::empty({V}, opts) : at::empty({0}, opts);
+    at::Tensor loss = empty_output({}, acc_opts), z = empty_output({}, acc_opts);
+    at::Tensor dh = grad_hidden ? empty_output({N, D}, opts) : empty_output({0}, opts);
+    at::Tensor dw = grad_weight ? empty_output({V, D}, opts) : empty_output({0}, opts);
+    at::Tensor db = grad_bias && has_bias ? empty_output({V}, opts) : empty_output({0}, opts);
     at::Tensor error = at::zeros({OPSMITH_CROSS_ENTROPY_ERROR_COUNT}, opts.dtype(at::kLong));
     const bool cuda = hidden.is_cuda();
     const size_t size = hidden.element_size();

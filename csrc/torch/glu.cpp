@@ -108,7 +108,7 @@ at::Tensor glu_fwd(const at::Tensor &gate, const std::optional<at::Tensor> &up, 
     const char *op = op_name(activation);
     const opsmith_dtype dtype = check_inputs(op, gate, up);
     const Halves h = halves_of(gate, up);
-    at::Tensor y = at::empty(out_shape(gate, h.packed), gate.options());
+    at::Tensor y = empty_output(out_shape(gate, h.packed), gate.options());
     const int64_t rows = h.rows.rows;
     if (rows == 0) return y;
     opsmith_status status;
@@ -147,9 +147,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> glu_bwd(const at::Tensor &dy, con
                 ", got ", text(dy.sizes()));
     const Halves h = halves_of(gate, up);
     const Rows dyr = as_rows(dy);
-    at::Tensor dgate = at::empty(gate.sizes(), gate.options());
-    at::Tensor dup = at::empty(packed ? std::vector<int64_t>{0} : yshape, gate.options());
-    at::Tensor hout = at::empty(with_h ? yshape : std::vector<int64_t>{0}, gate.options());
+    at::Tensor dgate = empty_output(gate.sizes(), gate.options());
+    at::Tensor dup = empty_output(packed ? std::vector<int64_t>{0} : yshape, gate.options());
+    at::Tensor hout = empty_output(with_h ? yshape : std::vector<int64_t>{0}, gate.options());
     const int64_t rows = h.rows.rows, n = h.n;
     if (rows == 0) return {dgate, dup, hout};
     const size_t es = gate.element_size();

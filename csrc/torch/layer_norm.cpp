@@ -98,10 +98,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_fwd(const at::Tensor &
     const Rows xr = as_rows(x);
     at::Tensor w_holder, b_holder;
     const void *w = param_data(weight, w_holder), *b = param_data(bias, b_holder);
-    at::Tensor y = at::empty(x.sizes(), x.options());
+    at::Tensor y = empty_output(x.sizes(), x.options());
     const auto stat_options = x.options().dtype(accumulate_type(x));
-    at::Tensor mean = at::empty(x.sizes().slice(0, x.dim() - 1), stat_options);
-    at::Tensor rstd = at::empty(x.sizes().slice(0, x.dim() - 1), stat_options);
+    at::Tensor mean = empty_output(x.sizes().slice(0, x.dim() - 1), stat_options);
+    at::Tensor rstd = empty_output(x.sizes().slice(0, x.dim() - 1), stat_options);
     if (xr.rows == 0) return {y, mean, rstd};
 
     opsmith_status status;
@@ -143,9 +143,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_bwd(const at::Tensor &
     at::Tensor w_holder;
     const void *w = param_data(weight, w_holder);
     const auto param_options = x.options().dtype(scalar_of(wd));
-    at::Tensor dx = at::empty(x.sizes(), x.options());
-    at::Tensor dweight = at::empty({w ? x.size(-1) : 0}, param_options);
-    at::Tensor dbias = at::empty({bias.has_value() ? x.size(-1) : 0}, param_options);
+    at::Tensor dx = empty_output(x.sizes(), x.options());
+    at::Tensor dweight = empty_output({w ? x.size(-1) : 0}, param_options);
+    at::Tensor dbias = empty_output({bias.has_value() ? x.size(-1) : 0}, param_options);
     void *dw = w ? dweight.data_ptr() : nullptr;
     void *db = bias.has_value() ? dbias.data_ptr() : nullptr;
 

@@ -163,8 +163,8 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_fwd(const at::Tensor &x, const std::
     const Rows xr = as_rows(x);
     at::Tensor w_holder;
     const void *w = weight_data(weight, w_holder);
-    at::Tensor y = at::empty(x.sizes(), x.options().dtype(out_dtype.value_or(x.scalar_type())));
-    at::Tensor inv_rms = at::empty(x.sizes().slice(0, x.dim() - 1), x.options().dtype(accumulate_type(x)));
+    at::Tensor y = empty_output(x.sizes(), x.options().dtype(out_dtype.value_or(x.scalar_type())));
+    at::Tensor inv_rms = empty_output(x.sizes().slice(0, x.dim() - 1), x.options().dtype(accumulate_type(x)));
     if (xr.rows == 0) return {y, inv_rms};
 
     opsmith_status status;
@@ -196,8 +196,8 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_bwd(const at::Tensor &dy, const at::
     const at::Tensor inv = inv_rms.contiguous();
     at::Tensor w_holder;
     const void *w = weight_data(weight, w_holder);
-    at::Tensor dx = at::empty(x.sizes(), x.options());
-    at::Tensor dweight = at::empty({w ? x.size(-1) : 0}, x.options().dtype(w ? weight->scalar_type() : x.scalar_type()));
+    at::Tensor dx = empty_output(x.sizes(), x.options());
+    at::Tensor dweight = empty_output({w ? x.size(-1) : 0}, x.options().dtype(w ? weight->scalar_type() : x.scalar_type()));
     run_bwd(o, dyr, xr, x, w, inv, dx.data_ptr(), xr.n, w ? dweight.data_ptr() : nullptr);
     return {dx, dweight};
 }
@@ -220,7 +220,7 @@ at::Tensor rms_norm_bwd_(at::Tensor &dy, const at::Tensor &x, const std::optiona
     const at::Tensor inv = inv_rms.contiguous();
     at::Tensor w_holder;
     const void *w = weight_data(weight, w_holder);
-    at::Tensor dweight = at::empty({w ? x.size(-1) : 0}, x.options().dtype(w ? weight->scalar_type() : x.scalar_type()));
+    at::Tensor dweight = empty_output({w ? x.size(-1) : 0}, x.options().dtype(w ? weight->scalar_type() : x.scalar_type()));
     run_bwd(o, dyr, xr, x, w, inv, dy.data_ptr(), dyr.stride, w ? dweight.data_ptr() : nullptr);
     return dweight;
 }

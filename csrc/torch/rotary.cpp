@@ -188,9 +188,9 @@ std::tuple<at::Tensor, at::Tensor> out_of_place(bool backward, const at::Tensor 
     Call c = prepare(backward ? "dq_out" : "q", backward ? "dk_out" : "k", q, k, cos, sin, position_ids, interleaved,
                      rotary_dim, layout, false);
     // outputs contiguous in the logical layout
-    at::Tensor q_out = at::empty(q.sizes(), q.options().memory_format(at::MemoryFormat::Contiguous));
-    at::Tensor k_out = c.has_k ? at::empty(k->sizes(), k->options().memory_format(at::MemoryFormat::Contiguous))
-                               : at::empty({0}, q.options());
+    at::Tensor q_out = empty_output(q.sizes(), q.options().memory_format(at::MemoryFormat::Contiguous));
+    at::Tensor k_out = c.has_k ? empty_output(k->sizes(), k->options().memory_format(at::MemoryFormat::Contiguous))
+                               : empty_output({0}, q.options());
     if (q.numel() == 0 && (!c.has_k || k->numel() == 0)) return {q_out, k_out};
     c.p.q_out = view_of(q_out, c.d);
     if (c.has_k) c.p.k_out = view_of(k_out, c.d);

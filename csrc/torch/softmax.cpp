@@ -29,7 +29,7 @@ at::Tensor at_least_1d(const at::Tensor &t) { return t.dim() == 0 ? t.reshape({1
 at::Tensor softmax_fwd(const at::Tensor &x, bool log) {
     check_device_supported(x, kOp);
     const opsmith_dtype dtype = dtype_of(x, kOp, "x");
-    at::Tensor y = at::empty(x.sizes(), x.options());
+    at::Tensor y = empty_output(x.sizes(), x.options());
     if (x.numel() == 0) return y;
     const Rows xr = as_rows(at_least_1d(x));
     opsmith_status status;
@@ -57,7 +57,7 @@ at::Tensor softmax_bwd(const at::Tensor &dy, const at::Tensor &y, bool log) {
                 dy.scalar_type());
     TORCH_CHECK(dy.sizes() == y.sizes(), kOp, ": dy must have the shape of y ", text(y.sizes()), ", got ",
                 text(dy.sizes()));
-    at::Tensor dx = at::empty(y.sizes(), y.options());
+    at::Tensor dx = empty_output(y.sizes(), y.options());
     if (y.numel() == 0) return dx;
     const Rows yr = as_rows(at_least_1d(y)), dyr = as_rows(at_least_1d(dy));
     opsmith_status status;

@@ -7,8 +7,14 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 #include "opsmith.h"
 
@@ -128,11 +134,44 @@ inline void check_status(opsmith_status status, const char *op) {
 // omp_set_num_threads in one does not reach the other: pass the count along.
 inline void use_torch_cpu_threads() { opsmith_set_num_threads(at::get_num_threads()); }
 
+// A tensor an opsmith kernel writes first (an output, a gradient, a
+// workspace): at::empty, and on the CPU its whole 2 MB pages asked for as
+// transparent huge pages before that first write (Linux madvise; where THP
+// is "madvise", the default of many distributions). A fresh 64 MB output
+// otherwise costs 16384 page faults on its first touch: 12.8 ms against
+// 4.0 ms with huge pages to fill one on the 2-core development machine,
+// more than LayerNorm's own work at 4096 x 4096 (bench/NOTES.md). PyTorch's
+// allocator does the same for every allocation under THP_MEM_ALLOC_ENABLE=1.
+// OPSMITH_CPU_HUGE_PAGES=0 turns it off.
+inline void advise_huge_pages(const at::Tensor &t) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    static const bool enabled = [] {
+        const char *v = getenv("OPSMITH_CPU_HUGE_PAGES");
+        return !(v && v[0] == '0' && v[1] == 0);
+    }();
+    constexpr uintptr_t kHuge = uintptr_t(1) << 21;
+    if (!enabled || !t.device().is_cpu()) return;
+    const size_t bytes = t.nbytes();
+    if (bytes < 2 * kHuge) return;
+    const uintptr_t p = reinterpret_cast<uintptr_t>(t.data_ptr());
+    const uintptr_t first = (p + kHuge - 1) & ~(kHuge - 1), end = (p + bytes) & ~(kHuge - 1);
+    if (end > first) madvise(reinterpret_cast<void *>(first), end - first, MADV_HUGEPAGE); // a hint: errors ignored
+#else
+    (void)t;
+#endif
+}
+
+inline at::Tensor empty_output(at::IntArrayRef sizes, const at::TensorOptions &options) {
+    at::Tensor t = at::empty(sizes, options);
+    advise_huge_pages(t);
+    return t;
+}
+
 // Workspace on the tensor's device from PyTorch's allocator (so a CUDA graph
 // capture and stream ordering hold); aligned as the ABI asks (both of
 // PyTorch's allocators align to at least 64 bytes).
 inline at::Tensor workspace(size_t bytes, const at::Tensor &like) {
-    return at::empty({(int64_t)bytes}, like.options().dtype(at::kByte));
+    return empty_output({(int64_t)bytes}, like.options().dtype(at::kByte));
 }
 
 inline void *data_or_null(at::Tensor &t) { return t.numel() ? t.data_ptr() : nullptr; }
