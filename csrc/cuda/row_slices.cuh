@@ -220,7 +220,8 @@ inline Launch ring_launch(const void *const kernels[4], int64_t rows, int64_t pa
     int i = 0, c = 1;
     while (c * 2 <= max_ctas && slice_bytes(c) > tune.slice_bytes) c *= 2, i++;
     const int64_t slice = (packs + c - 1) / c;
-    int64_t threads = (slice + 3) / 4; /* about 4 packs a thread */
+    const int per = tune.packs_per_thread; /* about 4 packs a thread by default */
+    int64_t threads = (slice + per - 1) / per;
     threads = (threads + 31) / 32 * 32;
     threads = threads < 64 ? 64 : threads > kSliceThreads ? kSliceThreads : threads;
     for (int stages = tune.stages == 2 && 2 * slice_bytes(c) <= tune.slice_bytes ? 2 : 1; stages >= 1; stages--) {
