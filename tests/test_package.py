@@ -40,3 +40,15 @@ def test_version_and_c_library_helpers():
     flags = subprocess.run([sys.executable, "-m", "opsmith.c_flags"], capture_output=True, text=True,
                            cwd=os.path.dirname(os.path.dirname(os.path.abspath(opsmith.__file__))), check=True).stdout.split()
     assert f"-I{opsmith.c_include_dir()}" in flags and "-lopsmith" in flags
+
+
+def test_hf_and_pybind_on_first_use():
+    # `import opsmith` imports neither transformers nor route A; opsmith.hf and
+    # opsmith.pybind then work as attributes, and a missing name is an AttributeError
+    code = ("import sys, opsmith; assert 'transformers' not in sys.modules and 'opsmith.hf' not in sys.modules; "
+            "assert callable(opsmith.hf.patch) and 'opsmith.hf' in sys.modules; "
+            "assert callable(opsmith.pybind.rms_norm); "
+            "import pytest\nwith pytest.raises(AttributeError, match='no attribute'): opsmith.no_such_name")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert out.returncode == 0, out.stderr[-2000:]

@@ -79,6 +79,16 @@ def test_dims_dtype_and_layouts(device):
     assert_close(softmax(torch.tensor(2.0, device=device)), torch.tensor(1.0), torch.float32, "0-dim")
 
 
+def test_dim_out_of_range_is_an_index_error():
+    # as torch: [-n, n - 1], a 0-d tensor counting as 1-d; never wrapped around
+    for x, dim in ((torch.randn(3, 5), 2), (torch.randn(3, 5), -3), (torch.tensor(1.0), 1)):
+        for f in (softmax, log_softmax, softmax_pybind, log_softmax_pybind):
+            with pytest.raises(IndexError, match=f"dim {dim} is out of range"):
+                f(x, dim)
+            with pytest.raises(IndexError):
+                torch.softmax(x, dim)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_masked_rows(device):
     x = torch.randn(3, 40, device=device)

@@ -16,6 +16,11 @@ _softmax_bwd = torch.ops.opsmith.softmax_bwd.default
 
 
 def _run(fn, x, dim, dtype, log):
+    # torch's range: [-n, n - 1], a 0-d tensor counting as 1-d
+    n = max(x.dim(), 1)
+    if not -n <= dim < n:
+        raise IndexError(f"{'log_softmax' if log else 'softmax'}: dim {dim} is out of range for a {x.dim()}-d "
+                         f"tensor (expected in [{-n}, {n - 1}])")
     if dtype is not None:
         x = x.to(dtype)
     if x.dim() == 0:
