@@ -8,9 +8,9 @@ the ring's tuning variables to compare plans in one build, for example:
     OPSMITH_RING_STAGES=0 python bench/ring_plans.py streaming
     OPSMITH_RING_STAGES=1 python bench/ring_plans.py one-stage ce softmax
 
-(OPSMITH_RING_STAGES, OPSMITH_RING_MAX_CTAS, OPSMITH_RING_SLICE_KB, OPSMITH_RING_PACKS: see
-csrc/cuda/launch_plan.cuh). Rows are appended to $OUT/ring_plans.jsonl
-when OUT is set."""
+(OPSMITH_RING_STAGES, OPSMITH_RING_MAX_CTAS, OPSMITH_RING_SLICE_KB,
+OPSMITH_RING_PACKS, OPSMITH_RING_SPECIALISED: see csrc/cuda/launch_plan.cuh).
+Rows are appended to $OUT/ring_plans.jsonl when OUT is set."""
 import json
 import os
 import sys

@@ -204,7 +204,7 @@ __global__ void rows_kernel(int64_t rows, int64_t n, const T *x, int64_t xs, con
  * partials go through ClusterGather (st.async and an mbarrier a row: no
  * release barrier, so a row never waits for the last row's gradient stores
  * to land). */
-template <typename T, typename A, int CTAS>
+template <typename T, typename A, int CTAS, bool PLAIN>
 __global__ void __launch_bounds__(kSliceThreads, kSliceMinBlocks)
 rows_ring_kernel(int64_t rows, int64_t n, const T *x, int64_t xs, const int64_t *__restrict__ tg, int64_t ts,
                  const A *__restrict__ w, int64_t ignore, Opts<A> o, int reduction, const A *__restrict__ dw,
@@ -254,8 +254,9 @@ rows_ring_kernel(int64_t rows, int64_t n, const T *x, int64_t xs, const int64_t 
             const Pack<T> p = buf[j - p0];
             A y[V];
 #pragma unroll
-            for (int k = 0; k < V; k++) y[k] = capped(to_acc(p.v[k]), o);
-            add_logits(y, j * V, w, smooth, st, wy);
+            for (int k = 0; k < V; k++) y[k] = PLAIN ? to_acc(p.v[k]) : capped(to_acc(p.v[k]), o);
+            if constexpr (PLAIN) st.add(y);
+            else add_logits(y, j * V, w, smooth, st, wy);
         }
         if (tail) {
             A one[1] = {y_tail};
@@ -281,12 +282,34 @@ rows_ring_kernel(int64_t rows, int64_t n, const T *x, int64_t xs, const int64_t 
                                            z_rows, row_offset, lse_out, error, writer);
         if (!dl) return;
         T *d = dl + r * dls;
-        for (int64_t j = p0 + threadIdx.x; j < p1; j += blockDim.x) {
-            const Pack<T> p = buf[j - p0];
-            Pack<T> q;
+        if constexpr (PLAIN) {
+            /* grad() without its per-element tests: p * coef, the target's
+             * term taken off in the one pack holding it (the same bits) */
+            const int64_t jt = grad.zero || t >= body ? -1 : t / V;
+            const int kt = (int)(t % V);
+            for (int64_t j = p0 + threadIdx.x; j < p1; j += blockDim.x) {
+                const Pack<T> p = buf[j - p0];
+                A g[V];
 #pragma unroll
-            for (int k = 0; k < V; k++) q.v[k] = from_acc<T>(grad(to_acc(p.v[k]), j * V + k));
-            store_pack(d + j * V, q);
+                for (int k = 0; k < V; k++) g[k] = grad.zero ? grad.fill : grad.nr.p(to_acc(p.v[k])) * grad.coef;
+                if (j == jt) {
+#pragma unroll
+                    for (int k = 0; k < V; k++)
+                        if (k == kt) g[k] -= grad.tcoef;
+                }
+                Pack<T> q;
+#pragma unroll
+                for (int k = 0; k < V; k++) q.v[k] = from_acc<T>(g[k]);
+                store_pack(d + j * V, q);
+            }
+        } else {
+            for (int64_t j = p0 + threadIdx.x; j < p1; j += blockDim.x) {
+                const Pack<T> p = buf[j - p0];
+                Pack<T> q;
+#pragma unroll
+                for (int k = 0; k < V; k++) q.v[k] = from_acc<T>(grad(to_acc(p.v[k]), j * V + k));
+                store_pack(d + j * V, q);
+            }
         }
         if (tail) d[ti] = from_acc<T>(grad(to_acc(xr[ti]), ti));
     });
@@ -383,13 +406,21 @@ opsmith_status rows_pass(int64_t rows, int64_t n, const void *x, int64_t xs, con
     /* a forward without the gradient reads each row once either way: the
      * streaming kernel, 0.56 of copy at 8192 x 128256 bf16 on the H200
      * against the ring's 0.51 (bench/NOTES.md, 2026-12-05) */
+    /* the common call (no class weights, no smoothing, no softcap) takes
+     * the kernel without their per-element work (bench/NOTES.md) */
+    const bool plain = !w && ls == 0.0 && !(cap > 0.0) && ring_tuning().specialised;
     if (packed && dl) {
-        const void *const kernels[4] = {
-            reinterpret_cast<const void *>(rows_ring_kernel<T, A, 1>),
-            reinterpret_cast<const void *>(rows_ring_kernel<T, A, 2>),
-            reinterpret_cast<const void *>(rows_ring_kernel<T, A, 4>),
-            reinterpret_cast<const void *>(rows_ring_kernel<T, A, 8>)};
-        l = ring_launch(kernels, rows, n / vec, 1, &stages);
+        const void *const general[4] = {
+            reinterpret_cast<const void *>(rows_ring_kernel<T, A, 1, false>),
+            reinterpret_cast<const void *>(rows_ring_kernel<T, A, 2, false>),
+            reinterpret_cast<const void *>(rows_ring_kernel<T, A, 4, false>),
+            reinterpret_cast<const void *>(rows_ring_kernel<T, A, 8, false>)};
+        const void *const specialised[4] = {
+            reinterpret_cast<const void *>(rows_ring_kernel<T, A, 1, true>),
+            reinterpret_cast<const void *>(rows_ring_kernel<T, A, 2, true>),
+            reinterpret_cast<const void *>(rows_ring_kernel<T, A, 4, true>),
+            reinterpret_cast<const void *>(rows_ring_kernel<T, A, 8, true>)};
+        l = ring_launch(plain ? specialised : general, rows, n / vec, 1, &stages);
     }
     if (l.grid)
         launch<RingKernel<T, A>>(l, stream, rows, n, xp, xs, tg, ts, wp, ignore, o, red, dwp, lr, zr, lp, dp, dls,

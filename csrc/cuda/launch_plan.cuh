@@ -44,13 +44,17 @@ struct Launch {
  * OPSMITH_RING_STAGES (0: no ring plan; 1: one stage; 2, the default: up to
  * two), OPSMITH_RING_MAX_CTAS (largest cluster, default 8) and
  * OPSMITH_RING_SLICE_KB (shared memory a CTA aims for, default
- * kOnChipSliceBytes) and OPSMITH_RING_PACKS (packs a thread a row, which
- * sets the block size up to kSliceThreads; default 4). */
+ * kOnChipSliceBytes), OPSMITH_RING_PACKS (packs a thread a row, which
+ * sets the block size up to kSliceThreads; default 4) and
+ * OPSMITH_RING_SPECIALISED (0: the general kernel where a specialised one
+ * exists, cross-entropy's for the call without weights, smoothing or
+ * softcap; default 1). */
 constexpr int64_t kOnChipSliceBytes = 72 * 1024;
 struct RingTuning {
     int stages, max_ctas;
     int64_t slice_bytes;
     int packs_per_thread;
+    bool specialised;
 };
 const RingTuning &ring_tuning(void);
 
