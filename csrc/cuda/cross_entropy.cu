@@ -364,6 +364,15 @@ __global__ void scale_kernel(int64_t n, const T *__restrict__ g, int64_t gs, con
     for (int64_t i = body + threadIdx.x; i < n; i += blockDim.x) out[i] = from_acc<T>(to_acc(in[i]) * s);
 }
 
+/* rows_ring_kernel for clusters of 1, 2, 4, 8 CTAs (ring_launch's table) */
+template <typename T, typename A, bool PLAIN> const void *const *ring_kernels() {
+    static const void *const k[4] = {reinterpret_cast<const void *>(rows_ring_kernel<T, A, 1, PLAIN>),
+                                     reinterpret_cast<const void *>(rows_ring_kernel<T, A, 2, PLAIN>),
+                                     reinterpret_cast<const void *>(rows_ring_kernel<T, A, 4, PLAIN>),
+                                     reinterpret_cast<const void *>(rows_ring_kernel<T, A, 8, PLAIN>)};
+    return k;
+}
+
 template <typename T, typename A>
 using RingKernel = void (*)(int64_t, int64_t, const T *, int64_t, const int64_t *, int64_t, const A *, int64_t, Opts<A>,
                             int, const A *, A *, A *, A *, T *, int64_t, int64_t *, int64_t, int);
@@ -406,21 +415,11 @@ opsmith_status rows_pass(int64_t rows, int64_t n, const void *x, int64_t xs, con
     /* a forward without the gradient reads each row once either way: the
      * streaming kernel, 0.56 of copy at 8192 x 128256 bf16 on the H200
      * against the ring's 0.51 (bench/NOTES.md, 2026-12-05) */
-    /* the common call (no class weights, no smoothing, no softcap) takes
-     * the kernel without their per-element work (bench/NOTES.md) */
-    const bool plain = !w && ls == 0.0 && !(cap > 0.0) && ring_tuning().specialised;
     if (packed && dl) {
-        const void *const general[4] = {
-            reinterpret_cast<const void *>(rows_ring_kernel<T, A, 1, false>),
-            reinterpret_cast<const void *>(rows_ring_kernel<T, A, 2, false>),
-            reinterpret_cast<const void *>(rows_ring_kernel<T, A, 4, false>),
-            reinterpret_cast<const void *>(rows_ring_kernel<T, A, 8, false>)};
-        const void *const specialised[4] = {
-            reinterpret_cast<const void *>(rows_ring_kernel<T, A, 1, true>),
-            reinterpret_cast<const void *>(rows_ring_kernel<T, A, 2, true>),
-            reinterpret_cast<const void *>(rows_ring_kernel<T, A, 4, true>),
-            reinterpret_cast<const void *>(rows_ring_kernel<T, A, 8, true>)};
-        l = ring_launch(plain ? specialised : general, rows, n / vec, 1, &stages);
+        /* the common call (no class weights, no smoothing, no softcap) takes
+         * the kernel without their per-element work (bench/NOTES.md) */
+        const bool plain = !w && ls == 0.0 && !(cap > 0.0) && ring_tuning().specialised;
+        l = ring_launch(plain ? ring_kernels<T, A, true>() : ring_kernels<T, A, false>(), rows, n / vec, 1, &stages);
     }
     if (l.grid)
         launch<RingKernel<T, A>>(l, stream, rows, n, xp, xs, tg, ts, wp, ignore, o, red, dwp, lr, zr, lp, dp, dls,

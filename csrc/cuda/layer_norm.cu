@@ -669,6 +669,16 @@ template <typename T, typename W, typename A> Launch fwd_ring_launch(int64_t row
     return l;
 }
 
+/* The forward's plan for packed rows, the launcher's and the plan query's:
+ * the ring where it applies (*stages 1 or 2), else the resident or warp
+ * plan (*stages 0; grid 0: the generic kernel). */
+template <typename T, typename W, typename A> Launch fwd_plan(int64_t rows, int64_t n, int *stages) {
+    const Launch ring = fwd_ring_launch<T, W, A>(rows, n, stages);
+    if (ring.grid) return ring;
+    *stages = 0;
+    return fwd_launch<T, W, A>(rows, n);
+}
+
 template <typename T, typename W, typename A>
 opsmith_status fwd(int64_t rows, int64_t n, const void *x, int64_t xs, const void *w, const void *b, double eps,
                    void *y, int64_t ys, void *mean, void *rstd, cudaStream_t stream) {
@@ -677,13 +687,12 @@ opsmith_status fwd(int64_t rows, int64_t n, const void *x, int64_t xs, const voi
     const W *wp = static_cast<const W *>(w), *bp = static_cast<const W *>(b);
     T *yp = static_cast<T *>(y);
     A *mp = static_cast<A *>(mean), *rp = static_cast<A *>(rstd);
-    int stages = 1;
-    const Launch ring = packed ? fwd_ring_launch<T, W, A>(rows, n, &stages) : kGeneric;
-    if (ring.grid) {
-        launch<FwdRing<T, W, A>>(ring, stream, rows, n, xp, xs, wp, bp, (A)eps, yp, ys, mp, rp, stages);
+    int stages = 0;
+    const Launch l = packed ? fwd_plan<T, W, A>(rows, n, &stages) : kGeneric;
+    if (l.grid && stages) {
+        launch<FwdRing<T, W, A>>(l, stream, rows, n, xp, xs, wp, bp, (A)eps, yp, ys, mp, rp, stages);
         return launch_status();
     }
-    const Launch l = packed ? fwd_launch<T, W, A>(rows, n) : kGeneric;
     if (l.grid) {
         launch<FwdKernel<T, W, A>>(l, stream, rows, n, xp, xs, wp, bp, (A)eps, yp, ys, mp, rp);
         return launch_status();
@@ -785,9 +794,8 @@ extern "C" const char *opsmith_internal_layer_norm_cuda_plan(opsmith_dtype x_dty
         using W = decltype(w);
         using A = decltype(acc);
         if (backward) return bwd_launch<T, W, A>(rows, n, true);
-        int stages = 1;
-        const Launch ring = fwd_ring_launch<T, W, A>(rows, n, &stages);
-        return ring.grid ? ring : fwd_launch<T, W, A>(rows, n);
+        int stages = 0;
+        return fwd_plan<T, W, A>(rows, n, &stages);
     });
     return l.grid > 0 ? l.family : "generic";
 }

@@ -39,9 +39,8 @@ extern "C" const char *opsmith_internal_rms_norm_cuda_plan(opsmith_dtype dtype, 
     Launch l = dispatch_mixed(dtype, dtype, dtype, none, [&](auto k) {
         using K = decltype(k);
         if (backward) return bwd_launch<K>(rows, n, true);
-        int stages = 1;
-        const Launch ring = fwd_ring_launch<K>(rows, n, &stages);
-        return ring.grid ? ring : fwd_launch<K>(rows, n);
+        int stages = 0;
+        return fwd_plan<K>(rows, n, &stages);
     });
     if (l.grid <= 0) l.family = "generic", l.ctas = 0;
     if (ctas) *ctas = l.ctas;

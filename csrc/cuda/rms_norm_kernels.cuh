@@ -653,6 +653,16 @@ template <typename K, bool ADD = false> Launch fwd_ring_launch(int64_t rows, int
     return l;
 }
 
+/* The forward's plan for packed rows, the launcher's and the plan query's:
+ * the ring where it applies (*stages 1 or 2), else the resident plan
+ * (*stages 0; grid 0: the generic kernel). */
+template <typename K, bool ADD = false> Launch fwd_plan(int64_t rows, int64_t n, int *stages) {
+    const Launch ring = fwd_ring_launch<K, ADD>(rows, n, stages);
+    if (ring.grid) return ring;
+    *stages = 0;
+    return fwd_launch<K, ADD>(rows, n);
+}
+
 /* ADD: the forward of fused_add_rms_norm (add: residual and h), else RMSNorm's. */
 template <typename K, bool ADD = false>
 opsmith_status fwd(int64_t rows, int64_t n, const void *x, int64_t xs, const void *w, Opts<AccK<K>> o, double eps,
@@ -668,13 +678,12 @@ opsmith_status fwd(int64_t rows, int64_t n, const void *x, int64_t xs, const voi
     const W *wp = static_cast<const W *>(w);
     Y *yp = static_cast<Y *>(y);
     A *ip = static_cast<A *>(inv_rms);
-    int stages = 1;
-    const Launch ring = packed ? fwd_ring_launch<K, ADD>(rows, n, &stages) : Launch{nullptr, 0, 0, 0, 0, "generic"};
-    if (ring.grid) {
-        launch<FwdRingKernel<K>>(ring, stream, rows, n, xp, xs, wp, o, (A)eps, yp, ys, ip, add, stages);
+    int stages = 0;
+    const Launch l = packed ? fwd_plan<K, ADD>(rows, n, &stages) : Launch{nullptr, 0, 0, 0, 0, "generic"};
+    if (l.grid && stages) {
+        launch<FwdRingKernel<K>>(l, stream, rows, n, xp, xs, wp, o, (A)eps, yp, ys, ip, add, stages);
         return launch_status();
     }
-    const Launch l = packed ? fwd_launch<K, ADD>(rows, n) : Launch{nullptr, 0, 0, 0, 0, "generic"};
     if (l.grid) {
         launch<FwdResidentKernel<K>>(l, stream, rows, n, xp, xs, wp, o, (A)eps, yp, ys, ip, add);
         return launch_status();
