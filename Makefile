@@ -55,7 +55,7 @@ CONFIG := build/config-cuda$(WITH_CUDA)
 $(CONFIG):
 	@mkdir -p build && rm -f build/config-cuda* && touch $@
 
-.PHONY: build lib so ext kernel-bench ctest ctest-sanitize example check-exports install-check cmake-example pytest new-op-check test demo bench clean env
+.PHONY: build lib so ext kernel-bench ctest ctest-sanitize pack-test example check-exports install-check cmake-example pytest new-op-check test demo bench clean env
 
 build: ext
 	@touch build/READY
@@ -124,6 +124,21 @@ ctest: build/test_c
 kernel-bench: build/kernel_bench
 build/kernel_bench: bench/kernel_bench.c $(LIB)
 	$(CC) -std=c11 -O2 -Wall -Wextra -Iinclude $(CUDA_TEST_FLAGS) $< $(LIB) -fopenmp -lm -lstdc++ $(CUDA_LINK) -o $@
+
+# The CUDA helpers that convert whole packs (csrc/cuda/common.cuh) checked
+# bit for bit against the element-wise conversions, on the host: nvcc
+# compiles the test, no GPU runs it. Skipped (and said so) without nvcc.
+build/test_pack_convert: tests/cuda_host/test_pack_convert.cu csrc/cuda/common.cuh
+	@mkdir -p build
+	$(NVCC) -O2 -std=c++17 -Iinclude -Icsrc $< -o $@
+
+ifeq ($(WITH_CUDA),1)
+pack-test: build/test_pack_convert
+	./build/test_pack_convert
+else
+pack-test:
+	@echo "pack-test: SKIPPED (no nvcc)"
+endif
 
 # The same C tests under AddressSanitizer + UndefinedBehaviorSanitizer, on a
 # CPU-only build of the library (the CUDA launchers are the stand-ins there).
@@ -228,7 +243,7 @@ new-op-check: build
 	end=$$(date +%s) && \
 	echo "new-op-check: in-tree $$((mid - start)) s, out-of-tree $$((end - mid)) s"
 
-test: ctest ctest-sanitize example check-exports install-check cmake-example pytest new-op-check
+test: ctest ctest-sanitize pack-test example check-exports install-check cmake-example pytest new-op-check
 
 demo: build
 	$(PYTHON) -m opsmith demo

@@ -8,6 +8,9 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <string.h>
+
+#include <type_traits>
 
 #include "internal.h"
 
@@ -19,6 +22,14 @@
 #define OPSMITH_SM90_ASM(text) ((void)0)
 #endif
 
+/* #pragma unroll where nvcc compiles device code; the host compiler, which
+ * also sees __host__ __device__ bodies, does not know the pragma. */
+#if defined(__CUDA_ARCH__)
+#define OPSMITH_HD_UNROLL _Pragma("unroll")
+#else
+#define OPSMITH_HD_UNROLL
+#endif
+
 namespace opsmith {
 
 /* Storage type for each dtype, and the type sums are kept in. */
@@ -28,19 +39,19 @@ template <> struct Storage<OPSMITH_DTYPE_F32> { using T = float; using Acc = flo
 template <> struct Storage<OPSMITH_DTYPE_F16> { using T = __half; using Acc = float; };
 template <> struct Storage<OPSMITH_DTYPE_BF16> { using T = __nv_bfloat16; using Acc = float; };
 
-__device__ __forceinline__ double to_acc(double v) { return v; }
-__device__ __forceinline__ float to_acc(float v) { return v; }
-__device__ __forceinline__ float to_acc(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_acc(__nv_bfloat16 v) { return __bfloat162float(v); }
+__host__ __device__ __forceinline__ double to_acc(double v) { return v; }
+__host__ __device__ __forceinline__ float to_acc(float v) { return v; }
+__host__ __device__ __forceinline__ float to_acc(__half v) { return __half2float(v); }
+__host__ __device__ __forceinline__ float to_acc(__nv_bfloat16 v) { return __bfloat162float(v); }
 
-template <typename T> __device__ __forceinline__ T from_acc(double v);
-template <> __device__ __forceinline__ double from_acc<double>(double v) { return v; }
+template <typename T> __host__ __device__ __forceinline__ T from_acc(double v);
+template <> __host__ __device__ __forceinline__ double from_acc<double>(double v) { return v; }
 /* a float tensor beside float64 sums (layer_norm's float32 weight with float64 x) */
-template <> __device__ __forceinline__ float from_acc<float>(double v) { return (float)v; }
-template <typename T> __device__ __forceinline__ T from_acc(float v);
-template <> __device__ __forceinline__ float from_acc<float>(float v) { return v; }
-template <> __device__ __forceinline__ __half from_acc<__half>(float v) { return __float2half_rn(v); }
-template <> __device__ __forceinline__ __nv_bfloat16 from_acc<__nv_bfloat16>(float v) {
+template <> __host__ __device__ __forceinline__ float from_acc<float>(double v) { return (float)v; }
+template <typename T> __host__ __device__ __forceinline__ T from_acc(float v);
+template <> __host__ __device__ __forceinline__ float from_acc<float>(float v) { return v; }
+template <> __host__ __device__ __forceinline__ __half from_acc<__half>(float v) { return __float2half_rn(v); }
+template <> __host__ __device__ __forceinline__ __nv_bfloat16 from_acc<__nv_bfloat16>(float v) {
     return __float2bfloat16_rn(v);
 }
 
@@ -57,6 +68,64 @@ template <typename T> __device__ __forceinline__ Pack<T> load_pack(const T *p) {
     Pack<T> out;
     *reinterpret_cast<uint4 *>(&out) = __ldg(reinterpret_cast<const uint4 *>(p));
     return out;
+}
+
+/* A float from its bits, in device and host code (the pack conversions
+ * below are host-callable so a host test checks them bit for bit). */
+__host__ __device__ __forceinline__ float float_of_bits(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+    return __uint_as_float(u);
+#else
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+#endif
+}
+
+/* A pack's elements in the accumulate type, exactly as to_acc gives them.
+ * bfloat16 by bit moves on each 32-bit pair: the low element shifted up,
+ * the high one masked (one instruction an element; element by element the
+ * high one takes a byte permute and a multiply). */
+template <typename T, typename A>
+__host__ __device__ __forceinline__ void unpack(const Pack<T> p, A (&v)[Pack<T>::VEC]) {
+    /* p by value: the caller's one 16-byte load, then register moves (a
+     * memcpy from a reference into global memory became byte loads) */
+    if constexpr (std::is_same<T, __nv_bfloat16>::value) {
+        uint32_t w[4];
+        memcpy(w, &p, sizeof w);
+OPSMITH_HD_UNROLL
+        for (int k = 0; k < 4; k++) {
+            v[2 * k] = (A)float_of_bits(w[k] << 16);
+            v[2 * k + 1] = (A)float_of_bits(w[k] & 0xffff0000u);
+        }
+    } else {
+OPSMITH_HD_UNROLL
+        for (int k = 0; k < Pack<T>::VEC; k++) v[k] = (A)to_acc(p.v[k]);
+    }
+}
+
+/* The pack of VEC values rounded to T, exactly as from_acc<T> rounds each:
+ * 16-bit types a pair per conversion (one F2FP a pair; element by element
+ * the compiler converts each alone, then moves bytes to pair them again). */
+template <typename T, typename A> __host__ __device__ __forceinline__ Pack<T> pack_of(const A (&v)[Pack<T>::VEC]) {
+    Pack<T> p;
+    if constexpr (std::is_same<A, float>::value && std::is_same<T, __nv_bfloat16>::value) {
+OPSMITH_HD_UNROLL
+        for (int k = 0; k < 4; k++) {
+            const __nv_bfloat162 h = __floats2bfloat162_rn(v[2 * k], v[2 * k + 1]);
+            memcpy(reinterpret_cast<char *>(&p) + 4 * k, &h, 4);
+        }
+    } else if constexpr (std::is_same<A, float>::value && std::is_same<T, __half>::value) {
+OPSMITH_HD_UNROLL
+        for (int k = 0; k < 4; k++) {
+            const __half2 h = __floats2half2_rn(v[2 * k], v[2 * k + 1]);
+            memcpy(reinterpret_cast<char *>(&p) + 4 * k, &h, 4);
+        }
+    } else {
+OPSMITH_HD_UNROLL
+        for (int k = 0; k < Pack<T>::VEC; k++) p.v[k] = from_acc<T>(v[k]);
+    }
+    return p;
 }
 
 __device__ __forceinline__ uint32_t bits16(__half v) { return __half_as_ushort(v); }

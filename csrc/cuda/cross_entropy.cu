@@ -83,10 +83,12 @@ template <typename A> struct RowGrad {
     bool zero;
     const A *w;
     Opts<A> o;
+    /* p(y) * coef as term(y) * (inv_s * coef): one multiply an element */
+    __device__ __forceinline__ A p_coef(A y) const { return Ex<A>::term(y, nr.m) * (nr.inv_s * coef); }
     __device__ __forceinline__ A operator()(A v, int64_t c) const {
         if (zero) return fill;
         const A y = capped(v, o);
-        A g = nr.p(y) * coef - sm * (w ? w[c] : A(1));
+        A g = p_coef(y) - sm * (w ? w[c] : A(1));
         if (c == t) g -= tcoef;
         if (o.cap > A(0)) g *= A(1) - (y * o.inv_cap) * (y * o.inv_cap);
         return g;
@@ -133,7 +135,7 @@ __global__ void rows_kernel(int64_t rows, int64_t n, const T *x, int64_t xs, con
                             const A *__restrict__ dw, A *__restrict__ loss_rows, A *__restrict__ z_rows,
                             A *__restrict__ lse_out, T *dl, int64_t dls, int64_t *__restrict__ error,
                             int64_t row_offset) {
-    __shared__ A scratch[96];
+    __shared__ A scratch[64];
     constexpr int V = PACKED ? Pack<T>::VEC : 1;
     const int64_t r = blockIdx.x;
     const T *xr = x + r * xs;
@@ -151,10 +153,10 @@ __global__ void rows_kernel(int64_t rows, int64_t n, const T *x, int64_t xs, con
     A wy = 0;
     if constexpr (PACKED) {
         for (int64_t i = (int64_t)threadIdx.x * V; i < body; i += (int64_t)blockDim.x * V) {
-            const Pack<T> p = load_pack(xr + i);
             A y[V];
+            unpack(load_pack(xr + i), y);
 #pragma unroll
-            for (int k = 0; k < V; k++) y[k] = capped(to_acc(p.v[k]), o);
+            for (int k = 0; k < V; k++) y[k] = capped(y[k], o);
             add_logits(y, i, w, smooth, st, wy);
         }
     }
@@ -174,12 +176,11 @@ __global__ void rows_kernel(int64_t rows, int64_t n, const T *x, int64_t xs, con
     const bool zero = grad.zero;
     if constexpr (PACKED) {
         for (int64_t i = (int64_t)threadIdx.x * V; i < body; i += (int64_t)blockDim.x * V) {
-            Pack<T> p;
-            if (!zero) p = load_pack(xr + i);
-            Pack<T> q;
+            A v[V] = {};
+            if (!zero) unpack(load_pack(xr + i), v);
 #pragma unroll
-            for (int k = 0; k < V; k++) q.v[k] = from_acc<T>(grad(zero ? A(0) : to_acc(p.v[k]), i + k));
-            store_pack(d + i, q);
+            for (int k = 0; k < V; k++) v[k] = grad(v[k], i + k);
+            store_pack(d + i, pack_of<T>(v));
         }
     }
     for (int64_t i = body + threadIdx.x; i < n; i += blockDim.x) d[i] = from_acc<T>(grad(zero ? A(0) : to_acc(xr[i]), i));
@@ -210,24 +211,23 @@ rows_ring_kernel(int64_t rows, int64_t n, const T *x, int64_t xs, const int64_t 
                  const A *__restrict__ w, int64_t ignore, Opts<A> o, int reduction, const A *__restrict__ dw,
                  A *__restrict__ loss_rows, A *__restrict__ z_rows, A *__restrict__ lse_out, T *dl, int64_t dls,
                  int64_t *__restrict__ error, int64_t row_offset, int stages) {
-    /* part: the gather's slots (m, M, s, sum w y); yt: the target's logit
+    /* part: the gather's slots (m, s, sum w y); yt: the target's logit
      * from the thread that holds it to its CTA's thread 0, the row's writer,
      * by row parity (its holder writes it again two rows later, after a
      * block barrier the writer passes only once it has read it) */
-    __shared__ A scratch[96], part[2 * CTAS * 4], yt[2];
+    __shared__ A scratch[64], part[2 * CTAS * 3], yt[2];
     __shared__ uint64_t part_barriers[2];
-    ClusterGather<CTAS, A, 4> cluster{part, part_barriers};
+    ClusterGather<CTAS, A, 3> cluster{part, part_barriers};
     cluster.init();
     constexpr int V = Pack<T>::VEC;
-    const int64_t packs = n / V, body = packs * V, slice = (packs + CTAS - 1) / CTAS;
+    const int64_t packs = n / V, body = packs * V;
     const RingCta<T, CTAS> c(packs);
     const int rank = c.rank;
-    const int64_t p0 = c.p0, p1 = c.p1;
     const bool smooth = o.ls_n > A(0);
     const int64_t ti = body + threadIdx.x; /* this thread's tail element, in the last CTA */
     const bool tail = rank == CTAS - 1 && ti < n;
     int parity = 0;
-    ring_rows<T, CTAS>(rows, packs, x, xs, stages, p0, p1, c.ring, [&](int64_t r, const Pack<T> *buf) {
+    ring_rows<T, CTAS>(rows, x, xs, stages, c, [&](int64_t r, const Pack<T> *buf) {
         const int par = parity;
         parity ^= 1;
         const T *xr = x + r * xs;
@@ -238,11 +238,11 @@ rows_ring_kernel(int64_t rows, int64_t n, const T *x, int64_t xs, const int64_t 
         /* the CTA holding the target's column (rank 0 without a target), and
          * in it the thread (recomputed where needed: cheaper than keeping it live) */
         const bool has_t = !ignored && !bad;
-        auto owner = [&]() { return !has_t ? 0 : t < body ? (int)(t / V / slice) : CTAS - 1; };
+        auto owner = [&]() { return !has_t ? 0 : t < body ? (int)(t / V / c.slice) : CTAS - 1; };
         if (has_t && rank == owner()) {
             if (t < body) {
-                const int64_t jt = t / V;
-                if ((jt - p0) % blockDim.x == threadIdx.x) yt[par] = capped(to_acc(buf[jt - p0].v[t % V]), o);
+                const int it = (int)(t / V) - c.p0; /* the target's pack in this slice */
+                if (it % blockDim.x == threadIdx.x) yt[par] = capped(to_acc(buf[it].v[t % V]), o);
             } else if (tail && ti == t) {
                 yt[par] = y_tail;
             }
@@ -250,14 +250,17 @@ rows_ring_kernel(int64_t rows, int64_t n, const T *x, int64_t xs, const int64_t 
 
         RowStat<A> st;
         A wy = 0;
-        for (int64_t j = p0 + threadIdx.x; j < p1; j += blockDim.x) {
-            const Pack<T> p = buf[j - p0];
+        c.each([&](int i) {
             A y[V];
+            unpack(buf[i], y);
+            if constexpr (PLAIN) {
+                st.add(y);
+            } else {
 #pragma unroll
-            for (int k = 0; k < V; k++) y[k] = PLAIN ? to_acc(p.v[k]) : capped(to_acc(p.v[k]), o);
-            if constexpr (PLAIN) st.add(y);
-            else add_logits(y, j * V, w, smooth, st, wy);
-        }
+                for (int k = 0; k < V; k++) y[k] = capped(y[k], o);
+                add_logits(y, (int64_t)(c.p0 + i) * V, w, smooth, st, wy);
+            }
+        });
         if (tail) {
             A one[1] = {y_tail};
             add_logits(one, ti, w, smooth, st, wy);
@@ -266,14 +269,14 @@ rows_ring_kernel(int64_t rows, int64_t n, const T *x, int64_t xs, const int64_t 
         if (smooth) wy = block_sum(wy, scratch);
         if constexpr (CTAS > 1) {
             /* every CTA merges the CTAs' partials in rank order: the same bits everywhere */
-            const A mine[4] = {st.m, st.M, st.s, wy};
+            const A mine[3] = {st.m, st.s, wy};
             const A *all = cluster.gather(mine);
-            st = RowStat<A>(all[0], all[1], all[2]);
-            wy = all[3];
+            st = RowStat<A>(all[0], all[1]);
+            wy = all[2];
 #pragma unroll
             for (int q = 1; q < CTAS; q++) {
-                st.merge(all[4 * q], all[4 * q + 1], all[4 * q + 2]);
-                wy += all[4 * q + 3];
+                st.merge(all[3 * q], all[3 * q + 1]);
+                wy += all[3 * q + 2];
             }
         }
         const bool writer = threadIdx.x == 0 && rank == owner();
@@ -282,34 +285,42 @@ rows_ring_kernel(int64_t rows, int64_t n, const T *x, int64_t xs, const int64_t 
                                            z_rows, row_offset, lse_out, error, writer);
         if (!dl) return;
         T *d = dl + r * dls;
+        T *dc = d + (int64_t)c.p0 * V; /* this CTA's slice of the row's gradient */
         if constexpr (PLAIN) {
             /* grad() without its per-element tests: p * coef, the target's
              * term taken off in the one pack holding it (the same bits) */
-            const int64_t jt = grad.zero || t >= body ? -1 : t / V;
-            const int kt = (int)(t % V);
-            for (int64_t j = p0 + threadIdx.x; j < p1; j += blockDim.x) {
-                const Pack<T> p = buf[j - p0];
-                A g[V];
+            if (grad.zero) { /* an ignored row (0) or a bad target (NaN) */
+                A f[V];
 #pragma unroll
-                for (int k = 0; k < V; k++) g[k] = grad.zero ? grad.fill : grad.nr.p(to_acc(p.v[k])) * grad.coef;
-                if (j == jt) {
+                for (int k = 0; k < V; k++) f[k] = grad.fill;
+                const Pack<T> q = pack_of<T>(f);
+                c.each([&](int i) { store_pack(dc + i * V, q); });
+                if (tail) d[ti] = q.v[0];
+                return;
+            }
+            const int it = t >= body ? -1 : (int)(t / V) - c.p0;
+            const int kt = (int)(t % V);
+            c.each([&](int i) {
+                A g[V];
+                unpack(buf[i], g);
+#pragma unroll
+                for (int k = 0; k < V; k++) g[k] = grad.p_coef(g[k]);
+                if (i == it) {
 #pragma unroll
                     for (int k = 0; k < V; k++)
                         if (k == kt) g[k] -= grad.tcoef;
                 }
-                Pack<T> q;
-#pragma unroll
-                for (int k = 0; k < V; k++) q.v[k] = from_acc<T>(g[k]);
-                store_pack(d + j * V, q);
-            }
+                store_pack(dc + i * V, pack_of<T>(g));
+            });
         } else {
-            for (int64_t j = p0 + threadIdx.x; j < p1; j += blockDim.x) {
-                const Pack<T> p = buf[j - p0];
-                Pack<T> q;
+            c.each([&](int i) {
+                A v[V];
+                unpack(buf[i], v);
+                const int64_t col = (int64_t)(c.p0 + i) * V;
 #pragma unroll
-                for (int k = 0; k < V; k++) q.v[k] = from_acc<T>(grad(to_acc(p.v[k]), j * V + k));
-                store_pack(d + j * V, q);
-            }
+                for (int k = 0; k < V; k++) v[k] = grad(v[k], col + k);
+                store_pack(dc + i * V, pack_of<T>(v));
+            });
         }
         if (tail) d[ti] = from_acc<T>(grad(to_acc(xr[ti]), ti));
     });

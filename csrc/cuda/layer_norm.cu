@@ -45,9 +45,10 @@ __device__ __forceinline__ void load_param(const W *p, A (&out)[S]) {
         constexpr int V = Pack<W>::VEC;
 #pragma unroll
         for (int q = 0; q < S / V; q++) {
-            const Pack<W> pk = load_pack(p + q * V);
+            A part[V];
+            unpack(load_pack(p + q * V), part);
 #pragma unroll
-            for (int k = 0; k < V; k++) out[q * V + k] = (A)to_acc(pk.v[k]);
+            for (int k = 0; k < V; k++) out[q * V + k] = part[k];
         }
     } else if constexpr (PACKED && BYTES == 8) {
         const uint2 u = __ldg(reinterpret_cast<const uint2 *>(p));
@@ -325,38 +326,38 @@ layer_norm_fwd_ring_kernel(int64_t rows, int64_t n, const T *x, int64_t xs, cons
     ClusterSum<CTAS, A> cluster = cluster_sum_in_smem<CTAS, A>();
     const int64_t packs = n / S;
     const RingCta<T, CTAS> c(packs);
-    const int64_t p0 = c.p0, p1 = c.p1;
-    ring_rows<T, CTAS>(rows, packs, x, xs, stages, p0, p1, c.ring, [&](int64_t r, const Pack<T> *buf) {
+    const W *wc = w ? w + (int64_t)c.p0 * S : nullptr, *bc = b ? b + (int64_t)c.p0 * S : nullptr;
+    ring_rows<T, CTAS>(rows, x, xs, stages, c, [&](int64_t r, const Pack<T> *buf) {
         A s = 0;
-        for (int64_t j = p0 + threadIdx.x; j < p1; j += blockDim.x) {
-            const Pack<T> p = buf[j - p0];
+        c.each([&](int i) {
+            A v[S];
+            unpack(buf[i], v);
 #pragma unroll
-            for (int k = 0; k < S; k++) s += to_acc(p.v[k]);
-        }
+            for (int k = 0; k < S; k++) s += v[k];
+        });
         const A mu = cluster.sum(block_sum(s, scratch)) / (A)n;
         A q = 0;
-        for (int64_t j = p0 + threadIdx.x; j < p1; j += blockDim.x) {
-            const Pack<T> p = buf[j - p0];
+        c.each([&](int i) {
+            A v[S];
+            unpack(buf[i], v);
 #pragma unroll
             for (int k = 0; k < S; k++) {
-                const A d = to_acc(p.v[k]) - mu;
+                const A d = v[k] - mu;
                 q += d * d;
             }
-        }
+        });
         const A rs = rsqrt_acc(cluster.sum(block_sum(q, scratch)) / (A)n + eps);
         if (c.rank == 0 && threadIdx.x == 0) mean[r] = mu, rstd[r] = rs;
-        T *yr = y + r * ys;
-        for (int64_t j = p0 + threadIdx.x; j < p1; j += blockDim.x) {
-            const Pack<T> p = buf[j - p0];
-            A wl[S], bl[S];
-            if (w) load_param<W, A, S, true>(w + j * S, wl);
-            if (b) load_param<W, A, S, true>(b + j * S, bl);
-            Pack<T> out;
+        T *yc = y + r * ys + (int64_t)c.p0 * S; /* this CTA's slice of the row */
+        c.each([&](int i) {
+            A v[S], wl[S], bl[S];
+            unpack(buf[i], v);
+            if (w) load_param<W, A, S, true>(wc + i * S, wl);
+            if (b) load_param<W, A, S, true>(bc + i * S, bl);
 #pragma unroll
-            for (int k = 0; k < S; k++)
-                out.v[k] = from_acc<T>((to_acc(p.v[k]) - mu) * rs * (w ? wl[k] : A(1)) + (b ? bl[k] : A(0)));
-            store_pack(yr + j * S, out);
-        }
+            for (int k = 0; k < S; k++) v[k] = (v[k] - mu) * rs * (w ? wl[k] : A(1)) + (b ? bl[k] : A(0));
+            store_pack(yc + i * S, pack_of<T>(v));
+        });
     });
     cluster.finish();
 }

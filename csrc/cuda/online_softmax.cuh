@@ -27,57 +27,13 @@ template <typename A> __device__ __forceinline__ A nan_acc();
 template <> __device__ __forceinline__ float nan_acc<float>() { return CUDART_NAN_F; }
 template <> __device__ __forceinline__ double nan_acc<double>() { return CUDART_NAN; }
 
-/* (max, sum of exp(y - max)) pairs merged */
-template <typename A> __device__ __forceinline__ void merge(A &m, A &s, A m2, A s2) {
-    const A mm = m > m2 ? m : m2;
-    if (mm == neg_inf<A>()) { /* both empty, or only NaN seen: keep a NaN sum */
-        s = s + s2;
-        return;
-    }
-    s = s * exp_acc(m - mm) + s2 * exp_acc(m2 - mm);
-    m = mm;
-}
-
-/* one element into a thread's running (max, sum) */
-template <typename A> __device__ __forceinline__ void online(A &m, A &s, A y) {
-    if (y > m) {
-        s = s * exp_acc(m - y) + A(1);
-        m = y;
-    } else if (y != y) { /* a NaN makes the row's sum (so every output) NaN, as PyTorch */
-        s = nan_acc<A>();
-    } else if (m != neg_inf<A>()) { /* -inf logits (masked) add nothing */
-        s += exp_acc(y - m);
-    }
-}
-
-/* the block's (max, sum), returned to every thread; scratch holds 64 A */
-template <typename A> __device__ __forceinline__ void block_max_sum(A &m, A &s, A *scratch) {
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-        const A m2 = __shfl_xor_sync(0xffffffffu, m, off), s2 = __shfl_xor_sync(0xffffffffu, s, off);
-        merge(m, s, m2, s2);
-    }
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
-    __syncthreads();
-    if (lane == 0) scratch[warp] = m, scratch[32 + warp] = s;
-    __syncthreads();
-    m = lane < warps ? scratch[lane] : neg_inf<A>();
-    s = lane < warps ? scratch[32 + lane] : A(0);
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-        const A m2 = __shfl_xor_sync(0xffffffffu, m, off), s2 = __shfl_xor_sync(0xffffffffu, s, off);
-        merge(m, s, m2, s2);
-    }
-}
-
-
 /* The row statistics of the v2 kernels. For float, exp(y - m) against the
  * row's running max m is taken as 2^((y - m) log2e): one subtraction, one
  * multiply and one ex2.approx (MUFU) an element in place of expf's ~10
  * instructions. y - m is rounded relative to itself, not to |y|, so logits
  * scaled by 1e4 stay accurate, and nothing overflows at any finite |y| (the
  * earlier single-FMA form, 2^(fma(y, log2e, -m log2e)), turned rows with
- * |max| above ~7e8 into NaN). M, the shift, is m itself, as for double. */
+ * |max| above ~7e8 into NaN). The shift is the running max m itself. */
 template <typename A> struct Ex;
 template <> struct Ex<float> {
     static constexpr float kLog2e = 1.4426950408889634f;
@@ -86,32 +42,30 @@ template <> struct Ex<float> {
         asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
         return r;
     }
-    __device__ static __forceinline__ float shift(float m) { return m; }
-    /* exp(y - M) */
-    __device__ static __forceinline__ float term(float y, float M) { return ex2((y - M) * kLog2e); }
+    /* exp(y - m) */
+    __device__ static __forceinline__ float term(float y, float m) { return ex2((y - m) * kLog2e); }
     /* exp(a - b) for two maxima a and b */
     __device__ static __forceinline__ float ratio(float Ma, float Mb) { return ex2((Ma - Mb) * kLog2e); }
     /* log(sum exp(y - m)) from s = that sum */
-    __device__ static __forceinline__ float log_sum(float s, float, float) { return logf(s); }
+    __device__ static __forceinline__ float log_sum(float s) { return logf(s); }
 };
 template <> struct Ex<double> {
-    __device__ static __forceinline__ double shift(double m) { return m; }
-    __device__ static __forceinline__ double term(double y, double M) { return exp(y - M); }
+    __device__ static __forceinline__ double term(double y, double m) { return exp(y - m); }
     __device__ static __forceinline__ double ratio(double Ma, double Mb) { return exp(Ma - Mb); }
-    __device__ static __forceinline__ double log_sum(double s, double, double) { return log(s); }
+    __device__ static __forceinline__ double log_sum(double s) { return log(s); }
 };
 
 __device__ __forceinline__ float fmax_acc(float a, float b) { return fmaxf(a, b); }
 __device__ __forceinline__ double fmax_acc(double a, double b) { return fmax(a, b); }
 
-/* A running (max m, its shift M, sum s of term(y, M)) over part of a row.
- * -inf elements (masked logits) add nothing; a NaN anywhere makes s NaN
- * (so every output of the row NaN, as PyTorch); an all -inf row keeps
+/* A running (max m, sum s of term(y, m)) over part of a row. -inf
+ * elements (masked logits) add nothing; a NaN anywhere makes s NaN (so
+ * every output of the row NaN, as PyTorch); an all -inf row keeps
  * m = -inf, s = 0 (its outputs NaN, as before). */
 template <typename A> struct RowStat {
-    A m, M, s;
-    __device__ __forceinline__ RowStat() : m(neg_inf<A>()), M(neg_inf<A>()), s(A(0)) {}
-    __device__ __forceinline__ RowStat(A m_, A M_, A s_) : m(m_), M(M_), s(s_) {}
+    A m, s;
+    __device__ __forceinline__ RowStat() : m(neg_inf<A>()), s(A(0)) {}
+    __device__ __forceinline__ RowStat(A m_, A s_) : m(m_), s(s_) {}
 
     /* V values: their max first, so the running sum is rescaled once */
     template <int V> __device__ __forceinline__ void add(const A (&y)[V]) {
@@ -120,13 +74,12 @@ template <typename A> struct RowStat {
 #pragma unroll
         for (int k = 0; k < V; k++) pm = fmax_acc(pm, y[k]);
         if (pm > m) {
-            const A Mn = Ex<A>::shift(pm);
-            s *= Ex<A>::ratio(M, Mn);
-            m = pm, M = Mn;
+            s *= Ex<A>::ratio(m, pm);
+            m = pm;
         }
         if (m != neg_inf<A>()) {
 #pragma unroll
-            for (int k = 0; k < V; k++) s += Ex<A>::term(y[k], M);
+            for (int k = 0; k < V; k++) s += Ex<A>::term(y[k], m);
         } else {
             /* every value so far is -inf or NaN: only a NaN counts */
 #pragma unroll
@@ -139,48 +92,55 @@ template <typename A> struct RowStat {
         add<1>(one);
     }
     /* the side with the larger max keeps its sum unscaled (bit-exact) */
-    __device__ __forceinline__ void merge(A m2, A M2, A s2) {
+    __device__ __forceinline__ void merge(A m2, A s2) {
         if (m2 > m) {
-            s = s * Ex<A>::ratio(M, M2) + s2;
-            m = m2, M = M2;
+            s = s * Ex<A>::ratio(m, m2) + s2;
+            m = m2;
         } else if (m2 == m) {
             s += s2;
         } else {
-            s += s2 * Ex<A>::ratio(M2, M);
+            s += s2 * Ex<A>::ratio(m2, m);
         }
     }
-    __device__ __forceinline__ void merge(const RowStat &o) { merge(o.m, o.M, o.s); }
-    __device__ __forceinline__ void warp_merge() {
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) {
-            const A m2 = __shfl_xor_sync(0xffffffffu, m, off), M2 = __shfl_xor_sync(0xffffffffu, M, off),
-                    s2 = __shfl_xor_sync(0xffffffffu, s, off);
-            merge(m2, M2, s2);
-        }
-    }
-    /* the block's statistics, returned to every thread; scratch holds 96 A.
-     * Every thread ends with the same bits (the lanes merge in one order). */
+    __device__ __forceinline__ void merge(const RowStat &o) { merge(o.m, o.s); }
+    /* The block's statistics, returned to every thread, the same bits in
+     * each: the block's max first (exact in any order), then each thread's
+     * sum rescaled to it once and the sums added, each round a butterfly
+     * (a + b = b + a, so every lane forms the same sums). One instruction
+     * a shuffle level where merging (max, sum) pairs level by level takes a
+     * compare, a branch and an exponential. scratch holds 64 A. */
     __device__ __forceinline__ void block_merge(A *scratch) {
-        warp_merge();
         const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
+        A bm = m;
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) bm = fmax_acc(bm, __shfl_xor_sync(0xffffffffu, bm, off));
+        __syncthreads(); /* scratch is free (a previous call's readers are done) */
+        if (lane == 0) scratch[warp] = bm;
         __syncthreads();
-        if (lane == 0) scratch[warp] = m, scratch[32 + warp] = M, scratch[64 + warp] = s;
+        bm = lane < warps ? scratch[lane] : neg_inf<A>();
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) bm = fmax_acc(bm, __shfl_xor_sync(0xffffffffu, bm, off));
+        /* m == bm also where both are -inf (nothing but masked logits) */
+        A bs = m == bm ? s : s * Ex<A>::ratio(m, bm);
+        bs = warp_sum(bs);
+        if (lane == 0) scratch[32 + warp] = bs;
         __syncthreads();
-        if (lane < warps) m = scratch[lane], M = scratch[32 + lane], s = scratch[64 + lane];
-        else m = neg_inf<A>(), M = neg_inf<A>(), s = A(0);
-        warp_merge();
+        bs = lane < warps ? scratch[32 + lane] : A(0);
+        m = bm;
+        s = warp_sum(bs);
     }
 };
 
 /* What the writes of a row need once its statistics are final:
- * p(y) = exp(y - m) / sum = term(y, M) * inv_s, and log_s = log(sum), so
+ * p(y) = exp(y - m) / sum = term(y, m) * inv_s, and log_s = log(sum), so
  * log p = (y - m) - log_s and lse = m + log_s. Neither forms lse first: at
  * |y| ~ 1e4 in float32 its rounding (ulp ~ 2e-3) would be an error of p. */
 template <typename A> struct RowNorm {
-    A m, M, inv_s, log_s;
-    __device__ __forceinline__ explicit RowNorm(const RowStat<A> &st)
-        : m(st.m), M(st.M), inv_s(A(1) / st.s), log_s(Ex<A>::log_sum(st.s, st.m, st.M)) {}
-    __device__ __forceinline__ A p(A y) const { return Ex<A>::term(y, M) * inv_s; }
+    A m, inv_s, log_s;
+    /* with_log: log_s is wanted (log p, lse); a softmax skips the log */
+    __device__ __forceinline__ explicit RowNorm(const RowStat<A> &st, bool with_log = true)
+        : m(st.m), inv_s(A(1) / st.s), log_s(with_log ? Ex<A>::log_sum(st.s) : A(0)) {}
+    __device__ __forceinline__ A p(A y) const { return Ex<A>::term(y, m) * inv_s; }
     __device__ __forceinline__ A logp(A y) const { return (y - m) - log_s; }
     __device__ __forceinline__ A lse() const { return m + log_s; }
 };

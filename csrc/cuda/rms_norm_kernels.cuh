@@ -282,46 +282,48 @@ rms_norm_fwd_ring_kernel(int64_t rows, int64_t n, const T *x, int64_t xs, const 
     ClusterSum<CTAS, A> cluster = cluster_sum_in_smem<CTAS, A>();
     const int64_t packs = n / S;
     const RingCta<T, CTAS> c(packs);
-    const int64_t p0 = c.p0, p1 = c.p1;
+    const W *wc = w ? w + (int64_t)c.p0 * S : nullptr;
     /* x, then the residual (ADD) */
     const T *const srcs[2] = {x, add.r};
     const int64_t strides[2] = {xs, add.rs};
-    ring_rows<T, CTAS, TENSORS>(rows, packs, srcs, strides, stages, p0, p1, c.ring,
-                                [&](int64_t r, const Stage<T, TENSORS> &st) {
+    ring_rows<T, CTAS, TENSORS>(rows, srcs, strides, stages, c, [&](int64_t r, const Stage<T, TENSORS> &st) {
         /* the pack normalised: x's, or h = x + r rounded to T */
-        auto h_of = [&](int64_t j) {
-            Pack<T> p = st.t[0][j - p0];
+        auto h_of = [&](int i) {
             if constexpr (ADD) {
-                const Pack<T> rp = st.t[TENSORS - 1][j - p0];
+                A a[S], b[S];
+                unpack(st.t[0][i], a);
+                unpack(st.t[TENSORS - 1][i], b);
 #pragma unroll
-                for (int k = 0; k < S; k++) p.v[k] = from_acc<T>(to_acc(p.v[k]) + to_acc(rp.v[k]));
+                for (int k = 0; k < S; k++) a[k] += b[k];
+                return pack_of<T>(a);
+            } else {
+                return st.t[0][i];
             }
-            return p;
         };
+        T *hc = ADD ? add.h + r * add.hs + (int64_t)c.p0 * S : nullptr; /* this CTA's slice of h's row */
         A sum_sq = 0;
-        for (int64_t j = p0 + threadIdx.x; j < p1; j += blockDim.x) {
-            const Pack<T> p = h_of(j);
-            if constexpr (ADD) store_pack(add.h + r * add.hs + j * S, p);
+        c.each([&](int i) {
+            const Pack<T> p = h_of(i);
+            if constexpr (ADD) store_pack(hc + i * S, p);
+            A v[S];
+            unpack(p, v);
 #pragma unroll
-            for (int k = 0; k < S; k++) {
-                const A v = to_acc(p.v[k]);
-                sum_sq += v * v;
-            }
-        }
+            for (int k = 0; k < S; k++) sum_sq += v[k] * v[k];
+        });
         const A inv = rsqrt_acc(cluster.sum(block_sum(sum_sq, scratch)) / (A)n + eps);
         if (c.rank == 0 && threadIdx.x == 0) inv_rms[r] = inv;
-        for (int64_t j = p0 + threadIdx.x; j < p1; j += blockDim.x) {
-            const Pack<T> p = h_of(j);
-            Elems<W, S> wp;
-            if (w) wp = load_elems<W, S>(w + j * S);
-            Elems<Y, S> out;
+        Y *yc = y + r * ys + (int64_t)c.p0 * S; /* this CTA's slice of the row */
+        c.each([&](int i) {
+            A v[S], wv[S];
+            unpack(h_of(i), v);
+            if (w) load_n<W, A, S>(wc + i * S, wv);
 #pragma unroll
             for (int k = 0; k < S; k++) {
-                const A v = x_hat<T>(to_acc(p.v[k]), inv, o);
-                out.v[k] = from_acc<Y>(w ? v * (o.offset + to_acc(wp.v[k])) : v);
+                const A xh = x_hat<T>(v[k], inv, o);
+                v[k] = w ? xh * (o.offset + wv[k]) : xh;
             }
-            store_elems<Y, S>(y + r * ys + j * S, out);
-        }
+            store_n<Y, A, S>(yc + i * S, v);
+        });
     });
     cluster.finish();
 }

@@ -124,47 +124,56 @@ inline Launch slice_launch(const void *const kernels[4], int64_t rows, int64_t p
 }
 
 /* What every ring kernel starts from: the dynamic shared memory as its
- * ring, this CTA's rank in its cluster and its slice [p0, p1) of a row of
- * `packs` packs. */
+ * ring, this CTA's rank in its cluster and its slice of a row: packs
+ * [p0, p0 + count), a stage's stride in the ring `slice`. 32-bit: a ring
+ * row fits shared memory (ring_launch refuses rows of 2^31 packs or more),
+ * so the pack loops' counters and offsets take one instruction each where
+ * 64-bit ones take two or three. */
 template <typename T, int CTAS> struct RingCta {
     Pack<T> *ring;
-    int rank;
-    int64_t p0, p1;
+    int rank, p0, count, slice;
     __device__ explicit RingCta(int64_t packs) {
         extern __shared__ __align__(16) unsigned char slice_smem[];
         ring = reinterpret_cast<Pack<T> *>(slice_smem);
         rank = cluster_rank<CTAS>();
-        slice_of<CTAS>(packs, rank, p0, p1);
+        slice = (int)((packs + CTAS - 1) / CTAS);
+        const int64_t first = (int64_t)rank * slice, rest = packs - first;
+        p0 = (int)(first < packs ? first : packs);
+        count = rest <= 0 ? 0 : rest < slice ? (int)rest : slice;
+    }
+    /* f(i) for this thread's packs of the slice: i = threadIdx.x, stepping
+     * blockDim.x; pack i of the slice is the row's pack p0 + i */
+    template <typename F> __device__ __forceinline__ void each(F f) const {
+        for (int i = threadIdx.x; i < count; i += blockDim.x) f(i);
     }
 };
 
 /* A stage of a ring kernel: this CTA's slice of each of TENSORS rows (pack
- * j of tensor q at t[q][j - p0]). */
+ * p0 + i of tensor q at t[q][i]). */
 template <typename T, int TENSORS> struct Stage {
     const Pack<T> *t[TENSORS];
 };
 
 /* The walk of a ring kernel (a persistent cluster of CTAS CTAs, launched by
  * ring_launch): rows blockIdx.x / CTAS, + clusters, ..., each as row(r,
- * stage) once this CTA's slice [p0, p1) of row r of every tensor q < TENSORS
+ * stage) once this CTA's slice of row r of every tensor q < TENSORS
  * (srcs[q] with row stride strides[q]) is in shared memory. With two stages the next
  * row's slices load (one cp.async group a row) while row() works; with one
  * they load after row() returns. Every thread loads only the packs it later
- * reads (j = p0 + threadIdx.x, stepping blockDim.x) and row() must read only
- * those too: a stage is then free for the next load once the thread is done
- * with it, with no block barrier. */
+ * reads (c.each's) and row() must read only those too: a stage is then free
+ * for the next load once the thread is done with it, with no block barrier. */
 template <typename T, int CTAS, int TENSORS, typename Row>
-__device__ __forceinline__ void ring_rows(int64_t rows, int64_t packs, const T *const *srcs, const int64_t *strides,
-                                          int stages, int64_t p0, int64_t p1, Pack<T> *ring, Row row) {
+__device__ __forceinline__ void ring_rows(int64_t rows, const T *const *srcs, const int64_t *strides, int stages,
+                                          const RingCta<T, CTAS> &c, Row row) {
     constexpr int V = Pack<T>::VEC;
-    const int64_t clusters = gridDim.x / CTAS, slice = (packs + CTAS - 1) / CTAS;
-    auto at = [&](int stage, int q) { return ring + (stage * TENSORS + q) * slice; };
+    const int64_t clusters = gridDim.x / CTAS;
+    auto at = [&](int stage, int q) { return c.ring + (stage * TENSORS + q) * c.slice; };
     auto issue = [&](int64_t r, int stage) {
 #pragma unroll
         for (int q = 0; q < TENSORS; q++) {
             Pack<T> *b = at(stage, q);
-            const T *src = srcs[q] + r * strides[q];
-            for (int64_t j = p0 + threadIdx.x; j < p1; j += blockDim.x) cp_async16(b + (j - p0), src + j * V);
+            const T *src = srcs[q] + r * strides[q] + (int64_t)c.p0 * V;
+            c.each([&](int i) { cp_async16(b + i, src + i * V); });
         }
         cp_async_commit();
     };
@@ -188,13 +197,13 @@ __device__ __forceinline__ void ring_rows(int64_t rows, int64_t packs, const T *
     }
 }
 
-/* One tensor: row(r, buf), pack j at buf[j - p0]. */
+/* One tensor: row(r, buf), pack p0 + i at buf[i]. */
 template <typename T, int CTAS, typename Row>
-__device__ __forceinline__ void ring_rows(int64_t rows, int64_t packs, const T *x, int64_t xs, int stages,
-                                          int64_t p0, int64_t p1, Pack<T> *ring, Row row) {
+__device__ __forceinline__ void ring_rows(int64_t rows, const T *x, int64_t xs, int stages, const RingCta<T, CTAS> &c,
+                                          Row row) {
     const T *const srcs[1] = {x};
     const int64_t strides[1] = {xs};
-    ring_rows<T, CTAS, 1>(rows, packs, srcs, strides, stages, p0, p1, ring,
+    ring_rows<T, CTAS, 1>(rows, srcs, strides, stages, c,
                           [&](int64_t r, const Stage<T, 1> &st) { row(r, st.t[0]); });
 }
 
@@ -214,7 +223,7 @@ inline Launch ring_launch(const void *const kernels[4], int64_t rows, int64_t pa
     DeviceInfo d;
     int device;
     const RingTuning &tune = ring_tuning();
-    if (rows < 1 || packs < 1 || tune.stages < 1 || !device_info(&d, &device)) return none;
+    if (rows < 1 || packs < 1 || packs > 0x7fffffff || tune.stages < 1 || !device_info(&d, &device)) return none;
     const int max_ctas = d.major >= 9 ? tune.max_ctas : 1;
     auto slice_bytes = [&](int c) { return (packs + c - 1) / c * 16 * tensors; };
     int i = 0, c = 1;

@@ -26,9 +26,7 @@ template <typename T, bool PACKED> struct Step {
 template <typename T, typename A, bool PACKED>
 __device__ __forceinline__ void load_acc(const T *p, A (&out)[Step<T, PACKED>::N]) {
     if constexpr (PACKED) {
-        Pack<T> pk = load_pack(p);
-#pragma unroll
-        for (int k = 0; k < Pack<T>::VEC; k++) out[k] = to_acc(pk.v[k]);
+        unpack(load_pack(p), out);
     } else {
         out[0] = to_acc(p[0]);
     }
@@ -37,10 +35,7 @@ __device__ __forceinline__ void load_acc(const T *p, A (&out)[Step<T, PACKED>::N
 template <typename T, typename A, bool PACKED>
 __device__ __forceinline__ void store_acc(T *p, const A (&in)[Step<T, PACKED>::N]) {
     if constexpr (PACKED) {
-        Pack<T> pk;
-#pragma unroll
-        for (int k = 0; k < Pack<T>::VEC; k++) pk.v[k] = from_acc<T>(in[k]);
-        store_pack(p, pk);
+        store_pack(p, pack_of<T>(in));
     } else {
         p[0] = from_acc<T>(in[0]);
     }
@@ -54,8 +49,14 @@ template <typename U, typename A, int N> __device__ __forceinline__ void load_n(
         out[0] = to_acc(p[0]);
     } else {
         const Elems<U, N> e = load_elems<U, N>(p);
+        constexpr int per = Pack<U>::VEC;
 #pragma unroll
-        for (int k = 0; k < N; k++) out[k] = to_acc(e.v[k]);
+        for (int q = 0; q < N / per; q++) {
+            A part[per];
+            unpack(reinterpret_cast<const Pack<U> *>(&e)[q], part);
+#pragma unroll
+            for (int k = 0; k < per; k++) out[q * per + k] = part[k];
+        }
     }
 }
 
@@ -63,10 +64,14 @@ template <typename U, typename A, int N> __device__ __forceinline__ void store_n
     if constexpr (N == 1) {
         p[0] = from_acc<U>(in[0]);
     } else {
-        Elems<U, N> e;
+        constexpr int per = Pack<U>::VEC;
 #pragma unroll
-        for (int k = 0; k < N; k++) e.v[k] = from_acc<U>(in[k]);
-        store_elems<U, N>(p, e);
+        for (int q = 0; q < N / per; q++) {
+            A part[per];
+#pragma unroll
+            for (int k = 0; k < per; k++) part[k] = in[q * per + k];
+            store_pack(p + q * per, pack_of<U>(part));
+        }
     }
 }
 

@@ -25,7 +25,7 @@ namespace {
 
 template <typename T, typename A, bool PACKED>
 __global__ void fwd_kernel(int64_t n, const T *x, int64_t xs, bool lg, T *y, int64_t ys) {
-    __shared__ A scratch[96];
+    __shared__ A scratch[64];
     constexpr int V = PACKED ? Pack<T>::VEC : 1;
     const int64_t r = blockIdx.x, body = PACKED ? n / V * V : 0;
     const T *xr = x + r * xs;
@@ -33,23 +33,21 @@ __global__ void fwd_kernel(int64_t n, const T *x, int64_t xs, bool lg, T *y, int
     RowStat<A> st;
     if constexpr (PACKED) {
         for (int64_t i = (int64_t)threadIdx.x * V; i < body; i += (int64_t)blockDim.x * V) {
-            const Pack<T> p = *reinterpret_cast<const Pack<T> *>(xr + i);
             A v[V];
-#pragma unroll
-            for (int k = 0; k < V; k++) v[k] = to_acc(p.v[k]);
+            unpack(*reinterpret_cast<const Pack<T> *>(xr + i), v);
             st.add(v);
         }
     }
     for (int64_t i = body + threadIdx.x; i < n; i += blockDim.x) st.add1(to_acc(xr[i]));
     st.block_merge(scratch);
-    const RowNorm<A> nr(st);
+    const RowNorm<A> nr(st, lg);
     if constexpr (PACKED) {
         for (int64_t i = (int64_t)threadIdx.x * V; i < body; i += (int64_t)blockDim.x * V) {
-            const Pack<T> p = *reinterpret_cast<const Pack<T> *>(xr + i);
-            Pack<T> q;
+            A v[V];
+            unpack(*reinterpret_cast<const Pack<T> *>(xr + i), v);
 #pragma unroll
-            for (int k = 0; k < V; k++) q.v[k] = from_acc<T>(lg ? nr.logp(to_acc(p.v[k])) : nr.p(to_acc(p.v[k])));
-            store_pack(yr + i, q);
+            for (int k = 0; k < V; k++) v[k] = lg ? nr.logp(v[k]) : nr.p(v[k]);
+            store_pack(yr + i, pack_of<T>(v));
         }
     }
     for (int64_t i = body + threadIdx.x; i < n; i += blockDim.x) {
@@ -68,45 +66,43 @@ __global__ void fwd_kernel(int64_t n, const T *x, int64_t xs, bool lg, T *y, int
 template <typename T, typename A, int CTAS>
 __global__ void __launch_bounds__(kSliceThreads, kSliceMinBlocks)
 fwd_ring_kernel(int64_t rows, int64_t n, const T *x, int64_t xs, bool lg, T *y, int64_t ys, int stages) {
-    __shared__ A scratch[96], part[2 * CTAS * 3];
+    __shared__ A scratch[64], part[2 * CTAS * 2];
     __shared__ uint64_t part_barriers[2];
-    ClusterGather<CTAS, A, 3> cluster{part, part_barriers};
+    ClusterGather<CTAS, A, 2> cluster{part, part_barriers};
     cluster.init();
     constexpr int V = Pack<T>::VEC;
     const int64_t packs = n / V, body = packs * V;
     const RingCta<T, CTAS> c(packs);
-    const int64_t p0 = c.p0, p1 = c.p1;
     const int64_t ti = body + threadIdx.x;
     const bool tail = c.rank == CTAS - 1 && ti < n;
-    ring_rows<T, CTAS>(rows, packs, x, xs, stages, p0, p1, c.ring, [&](int64_t r, const Pack<T> *buf) {
+    ring_rows<T, CTAS>(rows, x, xs, stages, c, [&](int64_t r, const Pack<T> *buf) {
         const T *xr = x + r * xs;
         T *yr = y + r * ys;
         const A x_tail = tail ? to_acc(xr[ti]) : A(0);
         RowStat<A> st;
-        for (int64_t j = p0 + threadIdx.x; j < p1; j += blockDim.x) {
-            const Pack<T> p = buf[j - p0];
+        c.each([&](int i) {
             A v[V];
-#pragma unroll
-            for (int k = 0; k < V; k++) v[k] = to_acc(p.v[k]);
+            unpack(buf[i], v);
             st.add(v);
-        }
+        });
         if (tail) st.add1(x_tail);
         st.block_merge(scratch);
         if constexpr (CTAS > 1) {
-            const A mine[3] = {st.m, st.M, st.s};
+            const A mine[2] = {st.m, st.s};
             const A *all = cluster.gather(mine);
-            st = RowStat<A>(all[0], all[1], all[2]);
+            st = RowStat<A>(all[0], all[1]);
 #pragma unroll
-            for (int q = 1; q < CTAS; q++) st.merge(all[3 * q], all[3 * q + 1], all[3 * q + 2]);
+            for (int q = 1; q < CTAS; q++) st.merge(all[2 * q], all[2 * q + 1]);
         }
-        const RowNorm<A> nr(st);
-        for (int64_t j = p0 + threadIdx.x; j < p1; j += blockDim.x) {
-            const Pack<T> p = buf[j - p0];
-            Pack<T> q;
+        const RowNorm<A> nr(st, lg);
+        T *yc = yr + (int64_t)c.p0 * V; /* this CTA's slice of the row */
+        c.each([&](int i) {
+            A v[V];
+            unpack(buf[i], v);
 #pragma unroll
-            for (int k = 0; k < V; k++) q.v[k] = from_acc<T>(lg ? nr.logp(to_acc(p.v[k])) : nr.p(to_acc(p.v[k])));
-            store_pack(yr + j * V, q);
-        }
+            for (int k = 0; k < V; k++) v[k] = lg ? nr.logp(v[k]) : nr.p(v[k]);
+            store_pack(yc + i * V, pack_of<T>(v));
+        });
         if (tail) yr[ti] = from_acc<T>(lg ? nr.logp(x_tail) : nr.p(x_tail));
     });
     cluster.finish(); /* no CTA leaves while another may still send to it */
@@ -123,9 +119,11 @@ __global__ void bwd_kernel(int64_t n, const T *g, int64_t gs, const T *__restric
     A s = 0;
     if constexpr (PACKED) {
         for (int64_t i = (int64_t)threadIdx.x * V; i < body; i += (int64_t)blockDim.x * V) {
-            const Pack<T> pg = *reinterpret_cast<const Pack<T> *>(gr + i), py = load_pack(yr + i);
+            A gv[V], yv[V];
+            unpack(*reinterpret_cast<const Pack<T> *>(gr + i), gv);
+            unpack(load_pack(yr + i), yv);
 #pragma unroll
-            for (int k = 0; k < V; k++) s += lg ? to_acc(pg.v[k]) : to_acc(pg.v[k]) * to_acc(py.v[k]);
+            for (int k = 0; k < V; k++) s += lg ? gv[k] : gv[k] * yv[k];
         }
     }
     for (int64_t i = body + threadIdx.x; i < n; i += blockDim.x)
@@ -133,14 +131,12 @@ __global__ void bwd_kernel(int64_t n, const T *g, int64_t gs, const T *__restric
     s = block_sum(s, scratch);
     if constexpr (PACKED) {
         for (int64_t i = (int64_t)threadIdx.x * V; i < body; i += (int64_t)blockDim.x * V) {
-            const Pack<T> pg = *reinterpret_cast<const Pack<T> *>(gr + i), py = load_pack(yr + i);
-            Pack<T> q;
+            A gv[V], yv[V];
+            unpack(*reinterpret_cast<const Pack<T> *>(gr + i), gv);
+            unpack(load_pack(yr + i), yv);
 #pragma unroll
-            for (int k = 0; k < V; k++) {
-                const A gv = to_acc(pg.v[k]), yv = to_acc(py.v[k]);
-                q.v[k] = from_acc<T>(lg ? gv - exp_acc(yv) * s : yv * (gv - s));
-            }
-            store_pack(dr + i, q);
+            for (int k = 0; k < V; k++) gv[k] = lg ? gv[k] - exp_acc(yv[k]) * s : yv[k] * (gv[k] - s);
+            store_pack(dr + i, pack_of<T>(gv));
         }
     }
     for (int64_t i = body + threadIdx.x; i < n; i += blockDim.x) {
@@ -174,9 +170,11 @@ bwd_slice_kernel(int64_t n, const T *g, int64_t gs, const T *__restrict__ y, int
     const A g_tail = tail ? to_acc(gr[ti]) : A(0), y_tail = tail ? to_acc(yr[ti]) : A(0);
     A s = tail ? (lg ? g_tail : g_tail * y_tail) : A(0);
     for_loaded_packs(p0, p1, half, [&](int64_t j) {
-        const Pack<T> pg = gb[j - p0], py = yb[j - p0];
+        A gv[V], yv[V];
+        unpack(gb[j - p0], gv);
+        unpack(yb[j - p0], yv);
 #pragma unroll
-        for (int k = 0; k < V; k++) s += lg ? to_acc(pg.v[k]) : to_acc(pg.v[k]) * to_acc(py.v[k]);
+        for (int k = 0; k < V; k++) s += lg ? gv[k] : gv[k] * yv[k];
     });
     s = block_sum(s, scratch);
     if constexpr (CTAS > 1) {
@@ -188,14 +186,12 @@ bwd_slice_kernel(int64_t n, const T *g, int64_t gs, const T *__restrict__ y, int
         cluster_arrive_relaxed();
     }
     for (int64_t j = p0 + threadIdx.x; j < p1; j += blockDim.x) {
-        const Pack<T> pg = gb[j - p0], py = yb[j - p0];
-        Pack<T> q;
+        A gv[V], yv[V];
+        unpack(gb[j - p0], gv);
+        unpack(yb[j - p0], yv);
 #pragma unroll
-        for (int k = 0; k < V; k++) {
-            const A gv = to_acc(pg.v[k]), yv = to_acc(py.v[k]);
-            q.v[k] = from_acc<T>(lg ? gv - exp_acc(yv) * s : yv * (gv - s));
-        }
-        store_pack(dr + j * V, q);
+        for (int k = 0; k < V; k++) gv[k] = lg ? gv[k] - exp_acc(yv[k]) * s : yv[k] * (gv[k] - s);
+        store_pack(dr + j * V, pack_of<T>(gv));
     }
     if (tail) dr[ti] = from_acc<T>(lg ? g_tail - exp_acc(y_tail) * s : y_tail * (g_tail - s));
     if constexpr (CTAS > 1) cluster_wait();
