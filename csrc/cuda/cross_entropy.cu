@@ -319,7 +319,7 @@ rows_ring_kernel(int64_t rows, int64_t n, const T *x, int64_t xs, const int64_t 
                 const int64_t col = (int64_t)(c.p0 + i) * V;
 #pragma unroll
                 for (int k = 0; k < V; k++) v[k] = grad(v[k], col + k);
-                store_pack(dc + i * V, pack_of<T>(v));
+                store_pack(d + col, pack_of<T>(v)); /* d + col: dc would hold two more registers (spills) */
             });
         }
         if (tail) d[ti] = from_acc<T>(grad(to_acc(xr[ti]), ti));

@@ -326,7 +326,6 @@ layer_norm_fwd_ring_kernel(int64_t rows, int64_t n, const T *x, int64_t xs, cons
     ClusterSum<CTAS, A> cluster = cluster_sum_in_smem<CTAS, A>();
     const int64_t packs = n / S;
     const RingCta<T, CTAS> c(packs);
-    const W *wc = w ? w + (int64_t)c.p0 * S : nullptr, *bc = b ? b + (int64_t)c.p0 * S : nullptr;
     ring_rows<T, CTAS>(rows, x, xs, stages, c, [&](int64_t r, const Pack<T> *buf) {
         A s = 0;
         c.each([&](int i) {
@@ -348,7 +347,10 @@ layer_norm_fwd_ring_kernel(int64_t rows, int64_t n, const T *x, int64_t xs, cons
         });
         const A rs = rsqrt_acc(cluster.sum(block_sum(q, scratch)) / (A)n + eps);
         if (c.rank == 0 && threadIdx.x == 0) mean[r] = mu, rstd[r] = rs;
-        T *yc = y + r * ys + (int64_t)c.p0 * S; /* this CTA's slice of the row */
+        /* this CTA's slices of the row and of the parameters (formed a row,
+         * not held across rows: the registers are capped at 40) */
+        T *yc = y + r * ys + (int64_t)c.p0 * S;
+        const W *wc = w ? w + (int64_t)c.p0 * S : nullptr, *bc = b ? b + (int64_t)c.p0 * S : nullptr;
         c.each([&](int i) {
             A v[S], wl[S], bl[S];
             unpack(buf[i], v);

@@ -3,7 +3,12 @@
  * host (the helpers are __host__ __device__; nvcc compiles this file, no
  * GPU needed). Every bfloat16 and float16 bit pattern is unpacked; floats
  * are rounded from every exponent with random mantissas, the rounding
- * ties, the boundaries of each format, infinities and NaNs. */
+ * ties, the boundaries of each format, infinities and NaNs. What runs here
+ * is the CUDA headers' host code for the intrinsics; on the device (sm_80,
+ * sm_90) the element-wise and the paired conversions are the same F2FP
+ * instruction, each half rounded alone, and bf16 -> float is a shift
+ * (sm_90) or a byte permute (sm_80) that the shift and the mask reproduce
+ * (read in the SASS). */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
