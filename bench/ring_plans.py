@@ -9,7 +9,8 @@ the ring's tuning variables to compare plans in one build, for example:
     OPSMITH_RING_STAGES=1 python bench/ring_plans.py one-stage ce softmax
 
 (OPSMITH_RING_STAGES, OPSMITH_RING_MAX_CTAS, OPSMITH_RING_SLICE_KB,
-OPSMITH_RING_PACKS, OPSMITH_RING_SPECIALISED: see csrc/cuda/launch_plan.cuh).
+OPSMITH_RING_PACKS, OPSMITH_RING_SPECIALISED, OPSMITH_RING_WARP_PACKS: see
+csrc/cuda/launch_plan.cuh).
 Rows are appended to $OUT/ring_plans.jsonl when OUT is set."""
 import json
 import os
@@ -55,6 +56,15 @@ def cases(which):
         for r, c in ((16384, 16384), (4096, 65536), (1024, 262144), (65536, 4096)):
             x = randn(r, c)
             yield f"softmax fwd {r}x{c}", (lambda x=x: opsmith.softmax(x)), 2 * r * c * 2
+    if "narrow" in which:
+        # softmax rows of at most 256 packs: a warp a row (OPSMITH_RING_WARP_PACKS=0: the ring)
+        for r, c in ((4096, 1024), (16384, 1024), (4096, 2048), (32768, 512)):
+            x = randn(r, c)
+            xg = x.clone().requires_grad_(True)
+            g = randn(r, c)
+            yield f"softmax fwd {r}x{c}", (lambda x=x: opsmith.softmax(x)), 2 * r * c * 2
+            yield f"softmax fwd+bwd {r}x{c}", \
+                (lambda xg=xg, g=g: torch.autograd.grad(opsmith.softmax(xg), xg, g)), 5 * r * c * 2
     if "ln" in which:
         for r, c in ((8192, 16384), (16384, 8192), (4096, 32768)):
             x, w = randn(r, c), randn(c)
@@ -72,7 +82,7 @@ def cases(which):
 
 def main():
     label = sys.argv[1]
-    which = sys.argv[2:] or ["ce", "softmax", "ln", "rms", "add"]
+    which = sys.argv[2:] or ["ce", "softmax", "narrow", "ln", "rms", "add"]
     copy = copy_gbs()
     rows = []
     for name, fn, nbytes in cases(which):

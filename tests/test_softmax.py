@@ -105,13 +105,15 @@ def test_masked_rows(device):
 # wide, the streaming kernel), odd widths (rows unaligned past the first: the
 # streaming kernel; one row: the on-chip kernel's tail), float32 logits scaled
 # by 1e4 (y = exp(x - max) / sum: the error must stay at float32's 1e-5), masked
-# entries. float64 references; outputs poisoned first.
+# entries; rows of at most 256 packs a warp a row (264: 33 bf16 packs, P = 2
+# with idle lanes; 2048 bf16: 256 packs, P = 8; 2056: 257 packs, the ring).
+# float64 references; outputs poisoned first.
 @CUDA
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("rows,n,scale,masked", [
     (4, 128256, 3.0, False), (2, 262144, 3.0, True), (1, 128257, 3.0, False), (3, 128257, 3.0, False),
     (9, 16384, 3.0, False), (64, 1024, 3.0, True), (14, 15631, 1e4, False), (3, 128256, 1e4, False),
-    (2042, 237, 1e4, False),
+    (2042, 237, 1e4, False), (33, 264, 3.0, True), (9, 2056, 3.0, False), (130, 2048, 1e4, False),
 ], ids=str)
 def test_cuda_on_chip_plans(dtype, rows, n, scale, masked):
     if scale > 100 and dtype in (torch.float16, torch.bfloat16):

@@ -135,7 +135,8 @@ const RingTuning &ring_tuning(void) {
         };
         return RingTuning{(int)env("OPSMITH_RING_STAGES", 2, 0, 2), (int)env("OPSMITH_RING_MAX_CTAS", 8, 1, 8),
                           (int64_t)env("OPSMITH_RING_SLICE_KB", kOnChipSliceBytes / 1024, 1, 227) * 1024,
-                          (int)env("OPSMITH_RING_PACKS", 4, 1, 64), env("OPSMITH_RING_SPECIALISED", 1, 0, 1) != 0};
+                          (int)env("OPSMITH_RING_PACKS", 4, 1, 64), env("OPSMITH_RING_SPECIALISED", 1, 0, 1) != 0,
+                          (int)env("OPSMITH_RING_WARP_PACKS", 256, 0, 256)};
     }();
     return t;
 }

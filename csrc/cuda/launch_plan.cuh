@@ -48,13 +48,16 @@ struct Launch {
  * sets the block size up to kSliceThreads; default 4) and
  * OPSMITH_RING_SPECIALISED (0: the general kernel where a specialised one
  * exists, cross-entropy's for the call without weights, smoothing or
- * softcap; default 1). */
+ * softcap; default 1), OPSMITH_RING_WARP_PACKS (softmax rows of at most
+ * this many packs take a warp a row instead of the ring; default 256,
+ * 0: never). */
 constexpr int64_t kOnChipSliceBytes = 72 * 1024;
 struct RingTuning {
     int stages, max_ctas;
     int64_t slice_bytes;
     int packs_per_thread;
     bool specialised;
+    int warp_row_packs;
 };
 const RingTuning &ring_tuning(void);
 

@@ -58,6 +58,13 @@ template <> struct Ex<double> {
 __device__ __forceinline__ float fmax_acc(float a, float b) { return fmaxf(a, b); }
 __device__ __forceinline__ double fmax_acc(double a, double b) { return fmax(a, b); }
 
+/* The max over a warp, in every lane (a max is exact in any order) */
+template <typename A> __device__ __forceinline__ A warp_max(A v) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v = fmax_acc(v, __shfl_xor_sync(0xffffffffu, v, off));
+    return v;
+}
+
 /* A running (max m, sum s of term(y, m)) over part of a row. -inf
  * elements (masked logits) add nothing; a NaN anywhere makes s NaN (so
  * every output of the row NaN, as PyTorch); an all -inf row keeps
@@ -103,6 +110,16 @@ template <typename A> struct RowStat {
         }
     }
     __device__ __forceinline__ void merge(const RowStat &o) { merge(o.m, o.s); }
+    /* This thread's sum rescaled to a max bm >= m (m == bm also where both
+     * are -inf: nothing but masked logits) */
+    __device__ __forceinline__ A sum_at(A bm) const { return m == bm ? s : s * Ex<A>::ratio(m, bm); }
+    /* The warp's statistics, returned to every lane, the same bits in each:
+     * block_merge's two butterflies within one warp (no shared memory) */
+    __device__ __forceinline__ void warp_merge() {
+        const A wm = warp_max(m);
+        s = warp_sum(sum_at(wm));
+        m = wm;
+    }
     /* The block's statistics, returned to every thread, the same bits in
      * each: the block's max first (exact in any order), then each thread's
      * sum rescaled to it once and the sums added, each round a butterfly
@@ -111,18 +128,12 @@ template <typename A> struct RowStat {
      * compare, a branch and an exponential. scratch holds 64 A. */
     __device__ __forceinline__ void block_merge(A *scratch) {
         const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
-        A bm = m;
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) bm = fmax_acc(bm, __shfl_xor_sync(0xffffffffu, bm, off));
+        A bm = warp_max(m);
         __syncthreads(); /* scratch is free (a previous call's readers are done) */
         if (lane == 0) scratch[warp] = bm;
         __syncthreads();
-        bm = lane < warps ? scratch[lane] : neg_inf<A>();
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) bm = fmax_acc(bm, __shfl_xor_sync(0xffffffffu, bm, off));
-        /* m == bm also where both are -inf (nothing but masked logits) */
-        A bs = m == bm ? s : s * Ex<A>::ratio(m, bm);
-        bs = warp_sum(bs);
+        bm = warp_max(lane < warps ? scratch[lane] : neg_inf<A>());
+        A bs = warp_sum(sum_at(bm));
         if (lane == 0) scratch[32 + warp] = bs;
         __syncthreads();
         bs = lane < warps ? scratch[32 + lane] : A(0);

@@ -108,6 +108,105 @@ fwd_ring_kernel(int64_t rows, int64_t n, const T *x, int64_t xs, bool lg, T *y, 
     cluster.finish(); /* no CTA leaves while another may still send to it */
 }
 
+/* Narrow rows (at most 32 x P packs, n % VEC == 0): a warp a row, the row
+ * in its lanes' registers (lane l holds packs l, l + 32, ...), the row's
+ * statistics by shuffles alone (RowStat::warp_merge: no shared memory, no
+ * block barrier), y written from the registers. The ring's CTA a row pays
+ * a block merge and its barriers every row, over as few as 16 elements a
+ * thread at n = 1024 bf16. y = x is safe: a lane writes only the packs it
+ * has read. */
+constexpr int kWarpRowThreads = 256;
+
+template <typename T, typename A, int P>
+__global__ void __launch_bounds__(kWarpRowThreads)
+fwd_warp_kernel(int64_t rows, int packs, const T *x, int64_t xs, bool lg, T *y, int64_t ys) {
+    constexpr int V = Pack<T>::VEC;
+    const int lane = threadIdx.x & 31;
+    const int64_t per_block = kWarpRowThreads / 32, step = (int64_t)gridDim.x * per_block;
+    for (int64_t r = (int64_t)blockIdx.x * per_block + (threadIdx.x >> 5); r < rows; r += step) {
+        const Pack<T> *xr = reinterpret_cast<const Pack<T> *>(x + r * xs);
+        Pack<T> p[P];
+#pragma unroll
+        for (int q = 0; q < P; q++)
+            if (lane + 32 * q < packs) p[q] = xr[lane + 32 * q];
+        RowStat<A> st;
+#pragma unroll
+        for (int q = 0; q < P; q++)
+            if (lane + 32 * q < packs) {
+                A v[V];
+                unpack(p[q], v);
+                st.add(v);
+            }
+        st.warp_merge();
+        const RowNorm<A> nr(st, lg);
+        T *yr = y + r * ys;
+#pragma unroll
+        for (int q = 0; q < P; q++)
+            if (lane + 32 * q < packs) {
+                A v[V];
+                unpack(p[q], v);
+#pragma unroll
+                for (int k = 0; k < V; k++) v[k] = lg ? nr.logp(v[k]) : nr.p(v[k]);
+                store_pack(yr + (lane + 32 * q) * V, pack_of<T>(v));
+            }
+    }
+}
+
+/* The backward of narrow rows, as fwd_warp_kernel: dy and y of the row in
+ * the lanes' registers, their dot product by shuffles. dx = dy is safe. */
+template <typename T, typename A, int P>
+__global__ void __launch_bounds__(kWarpRowThreads)
+bwd_warp_kernel(int64_t rows, int packs, const T *g, int64_t gs, const T *y, int64_t ys, bool lg, T *dx,
+                int64_t dxs) {
+    constexpr int V = Pack<T>::VEC;
+    const int lane = threadIdx.x & 31;
+    const int64_t per_block = kWarpRowThreads / 32, step = (int64_t)gridDim.x * per_block;
+    for (int64_t r = (int64_t)blockIdx.x * per_block + (threadIdx.x >> 5); r < rows; r += step) {
+        const Pack<T> *gr = reinterpret_cast<const Pack<T> *>(g + r * gs);
+        const Pack<T> *yr = reinterpret_cast<const Pack<T> *>(y + r * ys);
+        Pack<T> pg[P], py[P];
+#pragma unroll
+        for (int q = 0; q < P; q++)
+            if (lane + 32 * q < packs) pg[q] = gr[lane + 32 * q], py[q] = yr[lane + 32 * q];
+        A s = 0;
+#pragma unroll
+        for (int q = 0; q < P; q++)
+            if (lane + 32 * q < packs) {
+                A gv[V], yv[V];
+                unpack(pg[q], gv);
+                unpack(py[q], yv);
+#pragma unroll
+                for (int k = 0; k < V; k++) s += lg ? gv[k] : gv[k] * yv[k];
+            }
+        s = warp_sum(s);
+        T *dr = dx + r * dxs;
+#pragma unroll
+        for (int q = 0; q < P; q++)
+            if (lane + 32 * q < packs) {
+                A gv[V], yv[V];
+                unpack(pg[q], gv);
+                unpack(py[q], yv);
+#pragma unroll
+                for (int k = 0; k < V; k++) gv[k] = lg ? gv[k] - exp_acc(yv[k]) * s : yv[k] * (gv[k] - s);
+                store_pack(dr + (lane + 32 * q) * V, pack_of<T>(gv));
+            }
+    }
+}
+
+/* The warp-row kernels' P for rows of `packs` packs: the smallest of 1, 2,
+ * 4, 8 with 32 x P >= packs; 0 when the row is wider than
+ * OPSMITH_RING_WARP_PACKS (default 256 packs, 2048 bf16) allows. */
+inline int warp_row_p(int64_t packs) {
+    if (packs < 1 || packs > ring_tuning().warp_row_packs || packs > 256) return 0;
+    return packs <= 32 ? 1 : packs <= 64 ? 2 : packs <= 128 ? 4 : 8;
+}
+
+/* a warp a row, at most 2^20 blocks (the kernels step through the rest) */
+inline unsigned warp_row_grid(int64_t rows) {
+    const int64_t per_block = kWarpRowThreads / 32, need = (rows + per_block - 1) / per_block;
+    return (unsigned)(need < (1 << 20) ? need : (1 << 20));
+}
+
 template <typename T, typename A, bool PACKED>
 __global__ void bwd_kernel(int64_t n, const T *g, int64_t gs, const T *__restrict__ y, int64_t ys, bool lg, T *dx,
                            int64_t dxs) {
@@ -215,6 +314,18 @@ opsmith_status fwd(int64_t rows, int64_t n, const void *x, int64_t xs, bool lg, 
     const int threads = threads_for(n, packed ? vec : 1);
     const T *xp = static_cast<const T *>(x);
     T *yp = static_cast<T *>(y);
+    const int p = packed && n % vec == 0 ? warp_row_p(n / vec) : 0;
+    if (p) {
+        const unsigned grid = warp_row_grid(rows);
+        const int packs = (int)(n / vec);
+#define OPSMITH_SOFTMAX_WARP(P) fwd_warp_kernel<T, A, P><<<grid, kWarpRowThreads, 0, stream>>>(rows, packs, xp, xs, lg, yp, ys)
+        if (p == 1) OPSMITH_SOFTMAX_WARP(1);
+        else if (p == 2) OPSMITH_SOFTMAX_WARP(2);
+        else if (p == 4) OPSMITH_SOFTMAX_WARP(4);
+        else OPSMITH_SOFTMAX_WARP(8);
+#undef OPSMITH_SOFTMAX_WARP
+        return launch_status();
+    }
     if (packed) {
         const void *const kernels[4] = {reinterpret_cast<const void *>(fwd_ring_kernel<T, A, 1>),
                                         reinterpret_cast<const void *>(fwd_ring_kernel<T, A, 2>),
@@ -243,6 +354,19 @@ opsmith_status bwd(int64_t rows, int64_t n, const void *g, int64_t gs, const voi
     const int threads = threads_for(n, packed ? vec : 1);
     const T *gp = static_cast<const T *>(g), *yp = static_cast<const T *>(y);
     T *dp = static_cast<T *>(dx);
+    const int p = packed && n % vec == 0 ? warp_row_p(n / vec) : 0;
+    if (p) {
+        const unsigned grid = warp_row_grid(rows);
+        const int packs = (int)(n / vec);
+#define OPSMITH_SOFTMAX_WARP(P) \
+    bwd_warp_kernel<T, A, P><<<grid, kWarpRowThreads, 0, stream>>>(rows, packs, gp, gs, yp, ys, lg, dp, dxs)
+        if (p == 1) OPSMITH_SOFTMAX_WARP(1);
+        else if (p == 2) OPSMITH_SOFTMAX_WARP(2);
+        else if (p == 4) OPSMITH_SOFTMAX_WARP(4);
+        else OPSMITH_SOFTMAX_WARP(8);
+#undef OPSMITH_SOFTMAX_WARP
+        return launch_status();
+    }
     if (packed) {
         const void *const kernels[4] = {reinterpret_cast<const void *>(bwd_slice_kernel<T, A, 1>),
                                         reinterpret_cast<const void *>(bwd_slice_kernel<T, A, 2>),
