@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include "tensor_args.h"
@@ -40,6 +41,19 @@ constexpr const char *kOp = "fused_linear_cross_entropy";
 constexpr size_t kBudget = size_t(1) << 30;
 constexpr size_t kChunkBudget = size_t(512) << 20;
 constexpr size_t kMinChunkBudget = size_t(16) << 20;
+
+// the chunk budget: kChunkBudget, or OPSMITH_FLCE_CHUNK_MB (16-4096, read
+// once) to trade the chunk's memory against the products' size when
+// measuring a whole training step (opsmith bench --e2e)
+size_t chunk_budget_setting() {
+    static const size_t budget = [] {
+        const char *v = getenv("OPSMITH_FLCE_CHUNK_MB");
+        char *end = nullptr;
+        const long mb = v && *v ? strtol(v, &end, 10) : 0;
+        return v && *v && !*end && mb >= 16 && mb <= 4096 ? (size_t)mb << 20 : kChunkBudget;
+    }();
+    return budget;
+}
 
 struct Checked {
     opsmith_dtype dtype;
@@ -108,7 +122,7 @@ fused_linear_cross_entropy_fwd(const at::Tensor &hidden, const at::Tensor &weigh
     const bool cuda = hidden.is_cuda();
     const size_t size = hidden.element_size();
     const size_t quarter_free = device_free_bytes(hidden) / 4;
-    const size_t chunk_budget = std::max(kMinChunkBudget, std::min(kChunkBudget, quarter_free));
+    const size_t chunk_budget = std::max(kMinChunkBudget, std::min(chunk_budget_setting(), quarter_free));
     const int64_t chunk =
         chunk_size > 0 ? chunk_size : opsmith_fused_linear_cross_entropy_chunk_rows(c.dtype, N, V, chunk_budget);
     const int64_t cmin = chunk < N ? chunk : (N > 0 ? N : 1);
