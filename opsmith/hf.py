@@ -39,6 +39,7 @@ from typing import Callable, Dict, Optional, Tuple
 import torch
 
 import opsmith
+from opsmith.ops.glu import GatedDownProjection, _geglu_activation, _glu_fwd
 
 # model_type -> (modeling module, RMSNorm class name, MLP class name, causal-LM class name, norm style)
 SUPPORTED: Dict[str, Tuple[str, str, str, str, str]] = {
@@ -97,13 +98,25 @@ def _glu_kind(act) -> Optional[Tuple[str, str]]:
     return None
 
 
+def _plain_linear(m) -> bool:
+    # a torch.nn.Linear that its own forward would compute as F.linear: no
+    # subclass (LoRA, quantised layers), no hooks
+    return type(m) is torch.nn.Linear and not m._forward_hooks and not m._forward_pre_hooks
+
+
 def _mlp_forward(self, x):
     kind = _glu_kind(self.act_fn)
     if kind is None:  # set after patching: compute as Hugging Face does
         return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
     gate, up = self.gate_proj(x), self.up_proj(x)
-    h = opsmith.swiglu(gate, up) if kind[0] == "swiglu" else opsmith.geglu(gate, up, approximate=kind[1])
-    return self.down_proj(h)
+    activation = "silu" if kind[0] == "swiglu" else _geglu_activation(kind[1])
+    if getattr(self, "_opsmith_glu_recompute", True) and torch.is_grad_enabled() and _plain_linear(self.down_proj) \
+            and not torch.compiler.is_compiling():
+        # training: act(gate) * up is not kept for down_proj's weight gradient
+        # but made again in the backward's GLU pass (one rows x I tensor an MLP
+        # less memory, the same gradients)
+        return GatedDownProjection.apply(gate, up, self.down_proj.weight, self.down_proj.bias, activation)
+    return self.down_proj(_glu_fwd(gate, up, activation))
 
 
 def _shifted_labels(labels, ignore_index: int, shift_labels=None):
@@ -277,7 +290,9 @@ def _patch_module_names(model_type: str, flags: Dict[str, bool]) -> None:
         forward = _gemma_rms_norm_forward if style == "gemma" else _llama_rms_norm_forward
         setattr(module, norm_cls.__name__, _opsmith_subclass(norm_cls, forward))
     if flags["glu"]:
-        setattr(module, mlp_cls.__name__, _opsmith_subclass(mlp_cls, _mlp_forward))
+        patched = _opsmith_subclass(mlp_cls, _mlp_forward)
+        patched._opsmith_glu_recompute = flags["glu_recompute"]
+        setattr(module, mlp_cls.__name__, patched)
     if flags["rope"]:
         setattr(module, "apply_rotary_pos_emb", opsmith.apply_rotary_pos_emb)
     if flags["cross_entropy"]:
@@ -299,6 +314,7 @@ def _patch_instance(model: torch.nn.Module, model_type: str, flags: Dict[str, bo
             sub.__class__ = _opsmith_subclass(norm_base, norm_forward)
         elif flags["glu"] and type(sub) is mlp_base and _glu_kind(sub.act_fn) is not None:
             sub.__class__ = _opsmith_subclass(mlp_base, _mlp_forward)
+            sub._opsmith_glu_recompute = flags["glu_recompute"]
     if flags["rope"]:
         setattr(module, "apply_rotary_pos_emb", opsmith.apply_rotary_pos_emb)
     if flags["cross_entropy"] and isinstance(model, causal_cls):
@@ -311,7 +327,7 @@ def _patch_instance(model: torch.nn.Module, model_type: str, flags: Dict[str, bo
 
 def patch(model_or_class=None, *, model_type: Optional[str] = None, rms_norm: bool = True,
           rope: Optional[bool] = None, glu: bool = True, cross_entropy: Optional[bool] = None,
-          fused_linear_cross_entropy: Optional[bool] = None):
+          fused_linear_cross_entropy: Optional[bool] = None, glu_recompute: bool = True):
     """Patch a built model (in place; returned), a model class, or, with
     `model_type` alone, an architecture's classes. rope / cross_entropy /
     fused_linear_cross_entropy: None patches them where opsmith has the op,
@@ -324,10 +340,16 @@ def patch(model_or_class=None, *, model_type: Optional[str] = None, rms_norm: bo
     forward to get them); in evaluation, or without labels, it computes the
     logits as Hugging Face does.
 
+    glu_recompute: when training, the patched MLP keeps no act(gate) * up
+    for down_proj's weight gradient: the backward's GLU pass makes it again
+    (one [tokens, intermediate] tensor an MLP less memory, the same
+    gradients; a down_proj that is not a plain torch.nn.Linear, or hooked,
+    and torch.compile take the usual path).
+
     Raises UnsupportedModelError (listing the supported types) for a model
     type opsmith.hf does not know."""
     flags = _resolve({"rms_norm": rms_norm, "rope": rope, "glu": glu, "cross_entropy": cross_entropy,
-                      "fused_linear_cross_entropy": fused_linear_cross_entropy})
+                      "fused_linear_cross_entropy": fused_linear_cross_entropy, "glu_recompute": glu_recompute})
     if model_or_class is None:
         if model_type is None:
             raise TypeError("opsmith.hf.patch: give a model, a model class or model_type=")

@@ -195,6 +195,34 @@ def test_patching_twice_and_flags(restore_modeling):
         is not None  # the unfused loss path keeps its logits
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_glu_recompute_keeps_no_mlp_product(device, restore_modeling):
+    """Training, the patched MLP keeps no act(gate) * up for down_proj
+    (glu_recompute, the default): exactly one [tokens, intermediate] tensor an
+    MLP fewer saved for the backward, the same loss and gradients; a hooked
+    down_proj is still called."""
+    from opsmith.bench import saved_tensor_bytes
+    ref = build("llama", torch.float32, device)
+    kept = hf.patch(copy.deepcopy(ref), glu_recompute=False)
+    recomputed = hf.patch(copy.deepcopy(ref))
+    ids, labels = batch(ref, device)
+    out_k, bytes_k = saved_tensor_bytes(lambda: kept(input_ids=ids, labels=labels))
+    out_r, bytes_r = saved_tensor_bytes(lambda: recomputed(input_ids=ids, labels=labels))
+    cfg = ref.config
+    assert bytes_k - bytes_r == cfg.num_hidden_layers * ids.numel() * cfg.intermediate_size * 4
+    _, loss_k, grads_k = forward_backward(kept, ids, labels)
+    _, loss_r, grads_r = forward_backward(recomputed, ids, labels)
+    torch.testing.assert_close(loss_r, loss_k, rtol=0, atol=0)
+    assert grads_r.keys() == grads_k.keys()
+    for name in grads_k:
+        assert grads_r[name].abs().sum() > 0, name
+        torch.testing.assert_close(grads_r[name], grads_k[name], rtol=1e-6, atol=1e-7, msg=name)
+    calls = []
+    recomputed.model.layers[0].mlp.down_proj.register_forward_hook(lambda *a: calls.append(1))
+    recomputed(input_ids=ids, labels=labels).loss.backward()
+    assert calls == [1]
+
+
 def test_unsupported_model_type_names_the_supported_ones():
     config = transformers.AutoConfig.for_model("gpt2", n_layer=1, n_embd=32, n_head=2, vocab_size=64,
                                                bos_token_id=0, eos_token_id=0)
