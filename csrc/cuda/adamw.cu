@@ -132,12 +132,6 @@ __device__ __forceinline__ float update(const Consts &c, bool amsgrad, float p, 
     return __fmul_rn(p, c.decay) + -c.step_size * __fdiv_rn(m, denom);
 }
 
-/* Programmatic dependent launch (sm_90): the next launch of the call may
- * start now; this block's end waits for the previous launch's. No-ops when
- * the launch did not ask for the overlap. */
-__device__ __forceinline__ void let_next_launch_start() { OPSMITH_SM90_ASM("griddepcontrol.launch_dependents;"); }
-__device__ __forceinline__ void wait_for_previous_launch() { OPSMITH_SM90_ASM("griddepcontrol.wait;"); }
-
 template <typename P, typename G> __device__ __forceinline__ void step_chunk(const StepTable &tab, const StepScalars &s);
 
 template <typename P, typename G>
@@ -215,16 +209,7 @@ template <typename P, typename G> __device__ __forceinline__ void step_chunk(con
  * previous at its end). */
 template <typename... Params, typename... Args>
 void launch_in_call(void (*kernel)(Params...), int32_t blocks, cudaStream_t stream, bool overlap, Args &&...args) {
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute attr;
-    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr.val.programmaticStreamSerializationAllowed = 1;
-    cfg.gridDim = dim3((unsigned)blocks);
-    cfg.blockDim = dim3(THREADS);
-    cfg.stream = stream;
-    cfg.attrs = &attr;
-    cfg.numAttrs = overlap ? 1 : 0;
-    cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+    launch_after(kernel, dim3((unsigned)blocks), dim3(THREADS), 0, stream, overlap, std::forward<Args>(args)...);
 }
 
 /* The step counters a launch increments: as many as the kernel argument holds. */

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include <type_traits>
+#include <utility>
 
 #include "internal.h"
 
@@ -31,6 +32,34 @@
 #endif
 
 namespace opsmith {
+
+/* Programmatic dependent launch (sm_90). A kernel that calls
+ * let_next_launch_start lets the next launch of the stream, when that one
+ * was launched with launch_after (below), start its blocks now;
+ * wait_for_previous_launch returns once the previous launch has completed
+ * and its writes are visible. Both are no-ops without the overlap (and
+ * before sm_90), so a kernel may call them whatever launched it. */
+__device__ __forceinline__ void let_next_launch_start() { OPSMITH_SM90_ASM("griddepcontrol.launch_dependents;"); }
+__device__ __forceinline__ void wait_for_previous_launch() { OPSMITH_SM90_ASM("griddepcontrol.wait;"); }
+
+/* kernel<<<grid, block, smem, stream>>>(args...), allowed to start while the
+ * previous launch of the stream drains (`overlap`): the kernel must call
+ * wait_for_previous_launch before it reads what that launch wrote. */
+template <typename... Params, typename... Args>
+void launch_after(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, bool overlap,
+                  Args &&...args) {
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cfg.attrs = &attr;
+    cfg.numAttrs = overlap ? 1 : 0;
+    cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
 
 /* Storage type for each dtype, and the type sums are kept in. */
 template <opsmith_dtype D> struct Storage;

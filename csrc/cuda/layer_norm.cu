@@ -135,6 +135,7 @@ __global__ void layer_norm_bwd_kernel(int64_t rows, int64_t n, const T *__restri
                                       const T *__restrict__ x, int64_t xs, const W *__restrict__ w,
                                       const A *__restrict__ mean, const A *__restrict__ rstd, T *__restrict__ dx,
                                       int64_t dxs, A *__restrict__ partial, int64_t parts) {
+    let_next_launch_start(); /* the dweight column sums may launch now; they wait for this launch to end */
     constexpr int S = Step<T, PACKED>::N;
     __shared__ A scratch[64];
     const RowGroup<WARP_ROWS> g;
@@ -375,6 +376,7 @@ layer_norm_bwd_resident_kernel(int64_t rows, int64_t n, const T *__restrict__ dy
                                const T *__restrict__ x, int64_t xs, const W *__restrict__ w,
                                const A *__restrict__ mean, const A *__restrict__ rstd, T *__restrict__ dx,
                                int64_t dxs, A *__restrict__ partial, int64_t parts) {
+    let_next_launch_start(); /* the dweight column sums may launch now; they wait for this launch to end */
     constexpr int S = Pack<T>::VEC;
     extern __shared__ __align__(16) unsigned char dynamic_smem[];
     A *const dw_sum = reinterpret_cast<A *>(dynamic_smem);
@@ -450,6 +452,7 @@ layer_norm_bwd_staged_kernel(int64_t rows, int64_t n, const T *__restrict__ dy, 
                              const T *__restrict__ x, int64_t xs, const W *__restrict__ w,
                              const A *__restrict__ mean, const A *__restrict__ rstd, T *__restrict__ dx,
                              int64_t dxs, A *__restrict__ partial, int64_t parts) {
+    let_next_launch_start(); /* the dweight column sums may launch now; they wait for this launch to end */
     constexpr int S = Pack<T>::VEC;
     constexpr bool kHoldWeight = sizeof(W) == sizeof(T);
     extern __shared__ __align__(16) unsigned char dynamic_smem[];

@@ -23,6 +23,10 @@ template <typename Out, typename A>
 __device__ __forceinline__ void column_sum_block(int64_t parts, int64_t per_chunk, int64_t n,
                                                  const A *__restrict__ partial, Out *__restrict__ out) {
     __shared__ A tile[kReduceSlices][kReduceCols + 1];
+    /* launched to overlap the launch before it (the backward writing the
+     * partial rows, or the first pass): let the next start, wait for that one */
+    let_next_launch_start();
+    wait_for_previous_launch();
     const int64_t col = (int64_t)blockIdx.x * kReduceCols + threadIdx.x;
     const int64_t p0 = (int64_t)blockIdx.y * per_chunk;
     const int64_t p1 = p0 + per_chunk < parts ? p0 + per_chunk : parts;
@@ -72,11 +76,12 @@ void sum_partial_rows(int64_t parts, int64_t n, const A *partial, A *scratch, Ou
     const dim3 block(kReduceCols, kReduceSlices);
     const int64_t chunks = reduce_chunks(parts);
     if (chunks) {
-        column_sum_kernel<A, A><<<dim3(cols, (unsigned)chunks), block, 0, stream>>>(parts, kReduceChunk, n, partial,
-                                                                                   scratch);
-        column_sum_kernel<Out, A><<<cols, block, 0, stream>>>(chunks, chunks, n, scratch, out);
+        launch_after(column_sum_kernel<A, A>, dim3(cols, (unsigned)chunks), block, 0, stream, true, parts,
+                     kReduceChunk, n, partial, scratch);
+        launch_after(column_sum_kernel<Out, A>, dim3(cols), block, 0, stream, true, chunks, chunks, n,
+                     (const A *)scratch, out);
     } else {
-        column_sum_kernel<Out, A><<<cols, block, 0, stream>>>(parts, parts, n, partial, out);
+        launch_after(column_sum_kernel<Out, A>, dim3(cols), block, 0, stream, true, parts, parts, n, partial, out);
     }
 }
 
@@ -92,13 +97,14 @@ void sum_partial_row_pair(int64_t parts, int64_t n, const A *partial, int64_t se
     const dim3 block(kReduceCols, kReduceSlices);
     const int64_t chunks = reduce_chunks(parts);
     if (chunks) {
-        column_sum_pair_kernel<A, A><<<dim3(cols, (unsigned)chunks, 2), block, 0, stream>>>(
-            parts, kReduceChunk, n, partial, set_stride, out0 ? scratch : nullptr, out1 ? scratch + chunks * n : nullptr);
-        column_sum_pair_kernel<Out, A><<<dim3(cols, 1, 2), block, 0, stream>>>(chunks, chunks, n, scratch, chunks * n,
-                                                                              out0, out1);
+        launch_after(column_sum_pair_kernel<A, A>, dim3(cols, (unsigned)chunks, 2), block, 0, stream, true, parts,
+                     kReduceChunk, n, partial, set_stride, out0 ? scratch : nullptr,
+                     out1 ? scratch + chunks * n : nullptr);
+        launch_after(column_sum_pair_kernel<Out, A>, dim3(cols, 1, 2), block, 0, stream, true, chunks, chunks, n,
+                     (const A *)scratch, chunks * n, out0, out1);
     } else {
-        column_sum_pair_kernel<Out, A><<<dim3(cols, 1, 2), block, 0, stream>>>(parts, parts, n, partial, set_stride,
-                                                                              out0, out1);
+        launch_after(column_sum_pair_kernel<Out, A>, dim3(cols, 1, 2), block, 0, stream, true, parts, parts, n,
+                     partial, set_stride, out0, out1);
     }
 }
 

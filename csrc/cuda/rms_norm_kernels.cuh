@@ -143,6 +143,7 @@ __global__ void rms_norm_bwd_kernel(int64_t rows, int64_t n, const Y *__restrict
                                     const T *__restrict__ x, int64_t xs, const W *__restrict__ w, Opts<A> o,
                                     const A *__restrict__ inv_rms, T *__restrict__ dx, int64_t dxs,
                                     A *__restrict__ partial, DhIn<T> dhin) {
+    let_next_launch_start(); /* the dweight column sums may launch now; they wait for this launch to end */
     constexpr int S = Step<T, PACKED>::N;
     __shared__ A scratch[32];
     const RowGroup<WARP_ROWS> g;
@@ -339,6 +340,7 @@ rms_norm_bwd_resident_kernel(int64_t rows, int64_t n, const Y *__restrict__ dy, 
                              const T *__restrict__ x, int64_t xs, const W *__restrict__ w, Opts<A> o,
                              const A *__restrict__ inv_rms, T *__restrict__ dx, int64_t dxs,
                              A *__restrict__ partial, DhIn<T> dhin) {
+    let_next_launch_start(); /* the dweight column sums may launch now; they wait for this launch to end */
     constexpr int S = Pack<T>::VEC;
     extern __shared__ __align__(16) unsigned char dynamic_smem[];
     A *const dw_sum = reinterpret_cast<A *>(dynamic_smem);
@@ -433,6 +435,7 @@ rms_norm_bwd_staged_kernel(int64_t rows, int64_t n, const Y *__restrict__ dy, in
                            const T *__restrict__ x, int64_t xs, const W *__restrict__ w, Opts<A> o,
                            const A *__restrict__ inv_rms, T *__restrict__ dx, int64_t dxs,
                            A *__restrict__ partial, DhIn<T> dhin) {
+    let_next_launch_start(); /* the dweight column sums may launch now; they wait for this launch to end */
     constexpr int S = Pack<T>::VEC, U = kUnits<T, Y>;
     extern __shared__ __align__(16) unsigned char dynamic_smem[];
     /* ring slot 0 holds x's pack, slots 1..U the same elements of dy, and
