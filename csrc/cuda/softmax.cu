@@ -152,6 +152,22 @@ fwd_warp_kernel(int64_t rows, int packs, const T *x, int64_t xs, bool lg, T *y, 
     }
 }
 
+/* The backward's two steps (dy in g, the forward's output in y): an
+ * element's part of the row's sum (softmax: dy . y; log_softmax: the sum of
+ * dy), and its dx given the row's sum s; then the same over a pack's V. */
+template <typename A> __device__ __forceinline__ A row_sum_term(bool lg, A g, A y) { return lg ? g : g * y; }
+template <typename A> __device__ __forceinline__ A grad_of(bool lg, A g, A y, A s) {
+    return lg ? g - exp_acc(y) * s : y * (g - s);
+}
+template <typename A, int V> __device__ __forceinline__ void add_row_sum(A &s, bool lg, const A (&g)[V], const A (&y)[V]) {
+#pragma unroll
+    for (int k = 0; k < V; k++) s += row_sum_term(lg, g[k], y[k]);
+}
+template <typename A, int V> __device__ __forceinline__ void grad_in_place(A (&g)[V], bool lg, const A (&y)[V], A s) {
+#pragma unroll
+    for (int k = 0; k < V; k++) g[k] = grad_of(lg, g[k], y[k], s);
+}
+
 /* The backward of narrow rows, as fwd_warp_kernel: dy and y of the row in
  * the lanes' registers, their dot product by shuffles. dx = dy is safe. */
 template <typename T, typename A, int P>
@@ -168,28 +184,25 @@ bwd_warp_kernel(int64_t rows, int packs, const T *g, int64_t gs, const T *y, int
 #pragma unroll
         for (int q = 0; q < P; q++)
             if (lane + 32 * q < packs) pg[q] = gr[lane + 32 * q], py[q] = yr[lane + 32 * q];
+        /* f(q, dy's values, y's values) over the lane's packs */
+        auto each = [&](auto f) {
+#pragma unroll
+            for (int q = 0; q < P; q++)
+                if (lane + 32 * q < packs) {
+                    A gv[V], yv[V];
+                    unpack(pg[q], gv);
+                    unpack(py[q], yv);
+                    f(q, gv, yv);
+                }
+        };
         A s = 0;
-#pragma unroll
-        for (int q = 0; q < P; q++)
-            if (lane + 32 * q < packs) {
-                A gv[V], yv[V];
-                unpack(pg[q], gv);
-                unpack(py[q], yv);
-#pragma unroll
-                for (int k = 0; k < V; k++) s += lg ? gv[k] : gv[k] * yv[k];
-            }
+        each([&](int, A(&gv)[V], A(&yv)[V]) { add_row_sum(s, lg, gv, yv); });
         s = warp_sum(s);
         T *dr = dx + r * dxs;
-#pragma unroll
-        for (int q = 0; q < P; q++)
-            if (lane + 32 * q < packs) {
-                A gv[V], yv[V];
-                unpack(pg[q], gv);
-                unpack(py[q], yv);
-#pragma unroll
-                for (int k = 0; k < V; k++) gv[k] = lg ? gv[k] - exp_acc(yv[k]) * s : yv[k] * (gv[k] - s);
-                store_pack(dr + (lane + 32 * q) * V, pack_of<T>(gv));
-            }
+        each([&](int q, A(&gv)[V], A(&yv)[V]) {
+            grad_in_place(gv, lg, yv, s);
+            store_pack(dr + (lane + 32 * q) * V, pack_of<T>(gv));
+        });
     }
 }
 
@@ -201,10 +214,17 @@ inline int warp_row_p(int64_t packs) {
     return packs <= 32 ? 1 : packs <= 64 ? 2 : packs <= 128 ? 4 : 8;
 }
 
-/* a warp a row, at most 2^20 blocks (the kernels step through the rest) */
-inline unsigned warp_row_grid(int64_t rows) {
+template <typename T> using FwdWarp = void (*)(int64_t, int, const T *, int64_t, bool, T *, int64_t);
+template <typename T> using BwdWarp = void (*)(int64_t, int, const T *, int64_t, const T *, int64_t, bool, T *, int64_t);
+
+/* kernels[i]: the warp-row kernel of P = 1 << i, launched for `rows` rows a
+ * warp a row, at most 2^20 blocks (the kernels step through the rest) */
+template <typename K, typename... Args>
+opsmith_status launch_warp_rows(const K (&kernels)[4], int p, int64_t rows, cudaStream_t stream, Args... args) {
     const int64_t per_block = kWarpRowThreads / 32, need = (rows + per_block - 1) / per_block;
-    return (unsigned)(need < (1 << 20) ? need : (1 << 20));
+    const K kernel = kernels[p == 1 ? 0 : p == 2 ? 1 : p == 4 ? 2 : 3];
+    kernel<<<(unsigned)(need < (1 << 20) ? need : (1 << 20)), kWarpRowThreads, 0, stream>>>(rows, args...);
+    return launch_status();
 }
 
 template <typename T, typename A, bool PACKED>
@@ -221,26 +241,24 @@ __global__ void bwd_kernel(int64_t n, const T *g, int64_t gs, const T *__restric
             A gv[V], yv[V];
             unpack(*reinterpret_cast<const Pack<T> *>(gr + i), gv);
             unpack(load_pack(yr + i), yv);
-#pragma unroll
-            for (int k = 0; k < V; k++) s += lg ? gv[k] : gv[k] * yv[k];
+            add_row_sum(s, lg, gv, yv);
         }
     }
     for (int64_t i = body + threadIdx.x; i < n; i += blockDim.x)
-        s += lg ? to_acc(gr[i]) : to_acc(gr[i]) * to_acc(yr[i]);
+        s += row_sum_term(lg, to_acc(gr[i]), to_acc(yr[i]));
     s = block_sum(s, scratch);
     if constexpr (PACKED) {
         for (int64_t i = (int64_t)threadIdx.x * V; i < body; i += (int64_t)blockDim.x * V) {
             A gv[V], yv[V];
             unpack(*reinterpret_cast<const Pack<T> *>(gr + i), gv);
             unpack(load_pack(yr + i), yv);
-#pragma unroll
-            for (int k = 0; k < V; k++) gv[k] = lg ? gv[k] - exp_acc(yv[k]) * s : yv[k] * (gv[k] - s);
+            grad_in_place(gv, lg, yv, s);
             store_pack(dr + i, pack_of<T>(gv));
         }
     }
     for (int64_t i = body + threadIdx.x; i < n; i += blockDim.x) {
         const A gv = to_acc(gr[i]), yv = to_acc(yr[i]);
-        dr[i] = from_acc<T>(lg ? gv - exp_acc(yv) * s : yv * (gv - s));
+        dr[i] = from_acc<T>(grad_of(lg, gv, yv, s));
     }
 }
 
@@ -267,13 +285,12 @@ bwd_slice_kernel(int64_t n, const T *g, int64_t gs, const T *__restrict__ y, int
     const int64_t ti = body + threadIdx.x;
     const bool tail = rank == CTAS - 1 && ti < n;
     const A g_tail = tail ? to_acc(gr[ti]) : A(0), y_tail = tail ? to_acc(yr[ti]) : A(0);
-    A s = tail ? (lg ? g_tail : g_tail * y_tail) : A(0);
+    A s = tail ? row_sum_term(lg, g_tail, y_tail) : A(0);
     for_loaded_packs(p0, p1, half, [&](int64_t j) {
         A gv[V], yv[V];
         unpack(gb[j - p0], gv);
         unpack(yb[j - p0], yv);
-#pragma unroll
-        for (int k = 0; k < V; k++) s += lg ? gv[k] : gv[k] * yv[k];
+        add_row_sum(s, lg, gv, yv);
     });
     s = block_sum(s, scratch);
     if constexpr (CTAS > 1) {
@@ -288,11 +305,10 @@ bwd_slice_kernel(int64_t n, const T *g, int64_t gs, const T *__restrict__ y, int
         A gv[V], yv[V];
         unpack(gb[j - p0], gv);
         unpack(yb[j - p0], yv);
-#pragma unroll
-        for (int k = 0; k < V; k++) gv[k] = lg ? gv[k] - exp_acc(yv[k]) * s : yv[k] * (gv[k] - s);
+        grad_in_place(gv, lg, yv, s);
         store_pack(dr + j * V, pack_of<T>(gv));
     }
-    if (tail) dr[ti] = from_acc<T>(lg ? g_tail - exp_acc(y_tail) * s : y_tail * (g_tail - s));
+    if (tail) dr[ti] = from_acc<T>(grad_of(lg, g_tail, y_tail, s));
     if constexpr (CTAS > 1) cluster_wait();
 }
 
@@ -316,15 +332,9 @@ opsmith_status fwd(int64_t rows, int64_t n, const void *x, int64_t xs, bool lg, 
     T *yp = static_cast<T *>(y);
     const int p = packed && n % vec == 0 ? warp_row_p(n / vec) : 0;
     if (p) {
-        const unsigned grid = warp_row_grid(rows);
-        const int packs = (int)(n / vec);
-#define OPSMITH_SOFTMAX_WARP(P) fwd_warp_kernel<T, A, P><<<grid, kWarpRowThreads, 0, stream>>>(rows, packs, xp, xs, lg, yp, ys)
-        if (p == 1) OPSMITH_SOFTMAX_WARP(1);
-        else if (p == 2) OPSMITH_SOFTMAX_WARP(2);
-        else if (p == 4) OPSMITH_SOFTMAX_WARP(4);
-        else OPSMITH_SOFTMAX_WARP(8);
-#undef OPSMITH_SOFTMAX_WARP
-        return launch_status();
+        const FwdWarp<T> kernels[4] = {fwd_warp_kernel<T, A, 1>, fwd_warp_kernel<T, A, 2>, fwd_warp_kernel<T, A, 4>,
+                                       fwd_warp_kernel<T, A, 8>};
+        return launch_warp_rows(kernels, p, rows, stream, (int)(n / vec), xp, xs, lg, yp, ys);
     }
     if (packed) {
         const void *const kernels[4] = {reinterpret_cast<const void *>(fwd_ring_kernel<T, A, 1>),
@@ -356,16 +366,9 @@ opsmith_status bwd(int64_t rows, int64_t n, const void *g, int64_t gs, const voi
     T *dp = static_cast<T *>(dx);
     const int p = packed && n % vec == 0 ? warp_row_p(n / vec) : 0;
     if (p) {
-        const unsigned grid = warp_row_grid(rows);
-        const int packs = (int)(n / vec);
-#define OPSMITH_SOFTMAX_WARP(P) \
-    bwd_warp_kernel<T, A, P><<<grid, kWarpRowThreads, 0, stream>>>(rows, packs, gp, gs, yp, ys, lg, dp, dxs)
-        if (p == 1) OPSMITH_SOFTMAX_WARP(1);
-        else if (p == 2) OPSMITH_SOFTMAX_WARP(2);
-        else if (p == 4) OPSMITH_SOFTMAX_WARP(4);
-        else OPSMITH_SOFTMAX_WARP(8);
-#undef OPSMITH_SOFTMAX_WARP
-        return launch_status();
+        const BwdWarp<T> kernels[4] = {bwd_warp_kernel<T, A, 1>, bwd_warp_kernel<T, A, 2>, bwd_warp_kernel<T, A, 4>,
+                                       bwd_warp_kernel<T, A, 8>};
+        return launch_warp_rows(kernels, p, rows, stream, (int)(n / vec), gp, gs, yp, ys, lg, dp, dxs);
     }
     if (packed) {
         const void *const kernels[4] = {reinterpret_cast<const void *>(bwd_slice_kernel<T, A, 1>),
