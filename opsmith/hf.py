@@ -39,7 +39,7 @@ from typing import Callable, Dict, Optional, Tuple
 import torch
 
 import opsmith
-from opsmith.ops.glu import GatedDownProjection, _geglu_activation, _glu_fwd
+from opsmith.ops.glu import GatedDownProjection, _glu_fwd
 
 # model_type -> (modeling module, RMSNorm class name, MLP class name, causal-LM class name, norm style)
 SUPPORTED: Dict[str, Tuple[str, str, str, str, str]] = {
@@ -83,18 +83,18 @@ def _gemma_rms_norm_forward(self, x):
     return opsmith.rms_norm(x, self.weight, _norm_eps(self), offset=1.0, casting_mode="gemma")
 
 
-def _glu_kind(act) -> Optional[Tuple[str, str]]:
-    """(function, approximate) for an MLP's activation module, or None when
-    opsmith has no kernel for it."""
+def _glu_activation(act) -> Optional[str]:
+    """The GLU kernel's activation ("silu", "gelu", "gelu_tanh") for an MLP's
+    activation module, or None when opsmith has no kernel for it."""
     name = type(act).__name__
     if isinstance(act, torch.nn.SiLU) or name in ("SiLUActivation", "SiLU"):
-        return ("swiglu", "none")
+        return "silu"
     if name in ("PytorchGELUTanh", "GELUTanh", "NewGELUActivation", "GELUPytorchTanh", "FastGELUActivation"):
-        return ("geglu", "tanh")
+        return "gelu_tanh"
     if name == "GELUActivation" or (isinstance(act, torch.nn.GELU) and act.approximate == "none"):
-        return ("geglu", "none")
+        return "gelu"
     if isinstance(act, torch.nn.GELU) and act.approximate == "tanh":
-        return ("geglu", "tanh")
+        return "gelu_tanh"
     return None
 
 
@@ -105,11 +105,10 @@ def _plain_linear(m) -> bool:
 
 
 def _mlp_forward(self, x):
-    kind = _glu_kind(self.act_fn)
-    if kind is None:  # set after patching: compute as Hugging Face does
+    activation = _glu_activation(self.act_fn)
+    if activation is None:  # set after patching: compute as Hugging Face does
         return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
     gate, up = self.gate_proj(x), self.up_proj(x)
-    activation = "silu" if kind[0] == "swiglu" else _geglu_activation(kind[1])
     if getattr(self, "_opsmith_glu_recompute", True) and torch.is_grad_enabled() and _plain_linear(self.down_proj) \
             and not torch.compiler.is_compiling():
         # training: act(gate) * up is not kept for down_proj's weight gradient
@@ -312,7 +311,7 @@ def _patch_instance(model: torch.nn.Module, model_type: str, flags: Dict[str, bo
     for sub in model.modules():
         if flags["rms_norm"] and type(sub) is norm_base:
             sub.__class__ = _opsmith_subclass(norm_base, norm_forward)
-        elif flags["glu"] and type(sub) is mlp_base and _glu_kind(sub.act_fn) is not None:
+        elif flags["glu"] and type(sub) is mlp_base and _glu_activation(sub.act_fn) is not None:
             sub.__class__ = _opsmith_subclass(mlp_base, _mlp_forward)
             sub._opsmith_glu_recompute = flags["glu_recompute"]
     if flags["rope"]:
