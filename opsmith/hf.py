@@ -242,15 +242,19 @@ def _check_available(flags: Dict[str, bool]) -> None:
 
 
 def _resolve(flags: Dict[str, Optional[bool]]) -> Dict[str, bool]:
-    """None means: patch when opsmith has the op."""
+    """None means: patch when opsmith has the op (rope, cross_entropy,
+    fused_linear_cross_entropy); every other value must be a bool."""
+    optional = {"rope": "apply_rotary_pos_emb", "cross_entropy": "cross_entropy",
+                "fused_linear_cross_entropy": "fused_linear_cross_entropy"}
+    for name, value in flags.items():
+        if not isinstance(value, bool) and not (value is None and name in optional):
+            raise TypeError(f"opsmith.hf.patch: {name} must be True or False"
+                            f"{' or None' if name in optional else ''}, got {value!r}")
     _check_available(flags)
     out = dict(flags)
-    if out["rope"] is None:
-        out["rope"] = _available("apply_rotary_pos_emb")
-    if out["cross_entropy"] is None:
-        out["cross_entropy"] = _available("cross_entropy")
-    if out["fused_linear_cross_entropy"] is None:
-        out["fused_linear_cross_entropy"] = _available("fused_linear_cross_entropy")
+    for name, op in optional.items():
+        if out[name] is None:
+            out[name] = _available(op)
     return out
 
 

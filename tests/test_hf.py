@@ -223,6 +223,17 @@ def test_glu_recompute_keeps_no_mlp_product(device, restore_modeling):
     assert calls == [1]
 
 
+def test_flags_must_be_bools():
+    model = build("llama", torch.float32, "cpu")
+    with pytest.raises(TypeError, match="glu_recompute must be True or False, got 'yes'"):
+        hf.patch(model, glu_recompute="yes")
+    with pytest.raises(TypeError, match="rope must be True or False or None, got 1"):
+        hf.patch(model, rope=1)
+    with pytest.raises(TypeError, match="rms_norm must be True or False, got None"):
+        hf.patch(model, rms_norm=None)
+    assert patched_count(model) == 0  # refused before anything was patched
+
+
 def test_unsupported_model_type_names_the_supported_ones():
     config = transformers.AutoConfig.for_model("gpt2", n_layer=1, n_embd=32, n_head=2, vocab_size=64,
                                                bos_token_id=0, eos_token_id=0)
