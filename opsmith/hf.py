@@ -25,6 +25,10 @@ What is replaced, per architecture (`SUPPORTED`):
   forward takes the loss from the last hidden states and the lm_head weight
   through opsmith.fused_linear_cross_entropy, never making the logits (Gemma 2's
   final logit softcapping included); logits as before otherwise.
+- with rms_norm, when training: each decoder layer's norm outputs are not
+  kept for the projections' weight gradients but made again in the backward
+  from the norm's input (norm_recompute; glu_recompute does the same for the
+  MLP's act(gate) * up).
 
 A model instance is patched in place: each module's class becomes an opsmith
 subclass of its Hugging Face class (isinstance still holds, parameters and
@@ -34,6 +38,7 @@ afterwards uses opsmith. Patching twice is harmless.
 """
 import importlib
 import inspect
+import threading
 from typing import Callable, Dict, Optional, Tuple
 
 import torch
@@ -72,15 +77,103 @@ def _norm_eps(module) -> float:
     raise AttributeError(f"opsmith.hf: {type(module).__name__} has neither variance_epsilon nor eps")
 
 
-def _llama_rms_norm_forward(self, hidden_states):
+def _llama_norm(self, hidden_states):
     # LlamaRMSNorm: x_hat in float32, rounded to the input dtype, times the
     # weight in the promoted dtype
     return opsmith.rms_norm(hidden_states, self.weight, _norm_eps(self), casting_mode="llama")
 
 
-def _gemma_rms_norm_forward(self, x):
+def _gemma_norm(self, x):
     # GemmaRMSNorm: float32 throughout, (1 + weight), output in x's dtype
     return opsmith.rms_norm(x, self.weight, _norm_eps(self), offset=1.0, casting_mode="gemma")
+
+
+def _llama_rms_norm_forward(self, hidden_states):
+    return _recomputable(_llama_norm, self, hidden_states)
+
+
+def _gemma_rms_norm_forward(self, x):
+    return _recomputable(_gemma_norm, self, x)
+
+
+# --- norm outputs made again in the backward ------------------------------------------------
+# While a patched decoder layer's forward runs (training, norm_recompute), a
+# tensor autograd saves that is a patched norm's output, or a view of it (what
+# q/k/v_proj and gate/up_proj keep for their weight gradients), is kept as the
+# norm's input instead, which the norm's own backward keeps anyway; the
+# backward runs the norm's forward again (same kernel, same bits) once for
+# all of that output's users. Saved-tensor hooks that are already active
+# (gradient checkpointing, offloading, a user's) win: the layer then runs as
+# it would unpatched.
+
+class _NormRecompute:
+    __slots__ = ("norm", "module", "x", "versions", "packed", "unpacked", "y")
+
+    def __init__(self, norm, module, x):
+        self.norm, self.module, self.x = norm, module, x
+        self.versions = (x._version, module.weight._version)
+        self.packed = self.unpacked = 0
+        self.y = None
+
+    def output(self):
+        if self.y is None:
+            if (self.x._version, self.module.weight._version) != self.versions:
+                raise RuntimeError(f"opsmith.hf: the input or weight of a {type(self.module).__name__} was modified "
+                                   f"in place after its forward; its output cannot be made again for the backward "
+                                   f"(patch with norm_recompute=False to keep it instead)")
+            with torch.no_grad():
+                self.y = self.norm(self.module, self.x)
+        y = self.y
+        self.unpacked += 1
+        if self.unpacked >= self.packed:  # every saved use unpacked: the next backward makes it again
+            self.y = None
+        return y
+
+
+_recompute_scope = threading.local()
+
+
+def _recomputable(norm, module, x):
+    y = norm(module, x)
+    if getattr(_recompute_scope, "active", False) and y.requires_grad and y.is_contiguous():
+        y._opsmith_recompute = _NormRecompute(norm, module, x.detach())
+    return y
+
+
+def _pack(t):
+    base = t if t._base is None else t._base
+    recompute = getattr(base, "_opsmith_recompute", None)
+    if recompute is None or t.dtype != base.dtype:
+        return t
+    recompute.packed += 1
+    return recompute, t.size(), t.stride(), t.storage_offset() - base.storage_offset()
+
+
+def _unpack(packed):
+    if isinstance(packed, torch.Tensor):
+        return packed
+    recompute, size, stride, offset = packed
+    return recompute.output().as_strided(size, stride, offset)
+
+
+def _other_saved_tensor_hooks() -> bool:
+    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    return top is None or top(False) is not None  # unknown: assume some, take the usual path
+
+
+def _decoder_layer_forward(base: type) -> Callable:
+    def forward(self, *args, **kwargs):
+        if not (getattr(self, "_opsmith_norm_recompute", True) and torch.is_grad_enabled()) \
+                or torch.compiler.is_compiling() or getattr(_recompute_scope, "active", False) \
+                or _other_saved_tensor_hooks():
+            return base.forward(self, *args, **kwargs)
+        _recompute_scope.active = True
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(_pack, _unpack):
+                return base.forward(self, *args, **kwargs)
+        finally:
+            _recompute_scope.active = False
+    return forward
 
 
 def _glu_activation(act) -> Optional[str]:
@@ -287,11 +380,29 @@ def _classes(model_type: str):
     return module, getattr(module, norm), getattr(module, mlp), getattr(module, causal_lm), style
 
 
+def _decoder_layer_class(model_type: str) -> type:
+    module_name, causal_lm = SUPPORTED[model_type][0], SUPPORTED[model_type][3]
+    return getattr(importlib.import_module(module_name), causal_lm.replace("ForCausalLM", "DecoderLayer"))
+
+
+def _unpatched(cls: type) -> type:
+    return cls.__mro__[1] if getattr(cls, "_opsmith_patched", False) else cls
+
+
+def _patched_layer(base: type) -> type:
+    return _opsmith_subclass(base, _decoder_layer_forward(base))
+
+
 def _patch_module_names(model_type: str, flags: Dict[str, bool]) -> None:
     module, norm_cls, mlp_cls, causal_cls, style = _classes(model_type)
     if flags["rms_norm"]:
         forward = _gemma_rms_norm_forward if style == "gemma" else _llama_rms_norm_forward
         setattr(module, norm_cls.__name__, _opsmith_subclass(norm_cls, forward))
+        layer_cls = _decoder_layer_class(model_type)
+        if flags["norm_recompute"] or getattr(layer_cls, "_opsmith_patched", False):
+            patched = _patched_layer(_unpatched(layer_cls))
+            patched._opsmith_norm_recompute = flags["norm_recompute"]
+            setattr(module, layer_cls.__name__, patched)
     if flags["glu"]:
         patched = _opsmith_subclass(mlp_cls, _mlp_forward)
         patched._opsmith_glu_recompute = flags["glu_recompute"]
@@ -309,8 +420,8 @@ def _patch_module_names(model_type: str, flags: Dict[str, bool]) -> None:
 
 def _patch_instance(model: torch.nn.Module, model_type: str, flags: Dict[str, bool]) -> None:
     module, norm_cls, mlp_cls, causal_cls, style = _classes(model_type)
-    norm_base = norm_cls.__mro__[1] if getattr(norm_cls, "_opsmith_patched", False) else norm_cls
-    mlp_base = mlp_cls.__mro__[1] if getattr(mlp_cls, "_opsmith_patched", False) else mlp_cls
+    norm_base, mlp_base = _unpatched(norm_cls), _unpatched(mlp_cls)
+    layer_base = _unpatched(_decoder_layer_class(model_type))
     norm_forward = _gemma_rms_norm_forward if style == "gemma" else _llama_rms_norm_forward
     for sub in model.modules():
         if flags["rms_norm"] and type(sub) is norm_base:
@@ -318,6 +429,10 @@ def _patch_instance(model: torch.nn.Module, model_type: str, flags: Dict[str, bo
         elif flags["glu"] and type(sub) is mlp_base and _glu_activation(sub.act_fn) is not None:
             sub.__class__ = _opsmith_subclass(mlp_base, _mlp_forward)
             sub._opsmith_glu_recompute = flags["glu_recompute"]
+        elif flags["rms_norm"] and isinstance(sub, layer_base):
+            if type(sub) is layer_base and flags["norm_recompute"]:
+                sub.__class__ = _patched_layer(layer_base)
+            sub._opsmith_norm_recompute = flags["norm_recompute"]
     if flags["rope"]:
         setattr(module, "apply_rotary_pos_emb", opsmith.apply_rotary_pos_emb)
     if flags["cross_entropy"] and isinstance(model, causal_cls):
@@ -330,7 +445,8 @@ def _patch_instance(model: torch.nn.Module, model_type: str, flags: Dict[str, bo
 
 def patch(model_or_class=None, *, model_type: Optional[str] = None, rms_norm: bool = True,
           rope: Optional[bool] = None, glu: bool = True, cross_entropy: Optional[bool] = None,
-          fused_linear_cross_entropy: Optional[bool] = None, glu_recompute: bool = True):
+          fused_linear_cross_entropy: Optional[bool] = None, glu_recompute: bool = True,
+          norm_recompute: bool = True):
     """Patch a built model (in place; returned), a model class, or, with
     `model_type` alone, an architecture's classes. rope / cross_entropy /
     fused_linear_cross_entropy: None patches them where opsmith has the op,
@@ -349,10 +465,18 @@ def patch(model_or_class=None, *, model_type: Optional[str] = None, rms_norm: bo
     gradients; a down_proj that is not a plain torch.nn.Linear, or hooked,
     and torch.compile take the usual path).
 
+    norm_recompute (with rms_norm): when training, the tensors q/k/v_proj and
+    gate/up_proj keep for their weight gradients, the norm's output, are not
+    kept: the backward runs the norm's forward again from the input its own
+    backward keeps (two [tokens, hidden] tensors a decoder layer less memory,
+    the same gradients). Layers under gradient checkpointing or other
+    saved-tensor hooks, and torch.compile, take the usual path.
+
     Raises UnsupportedModelError (listing the supported types) for a model
     type opsmith.hf does not know."""
     flags = _resolve({"rms_norm": rms_norm, "rope": rope, "glu": glu, "cross_entropy": cross_entropy,
-                      "fused_linear_cross_entropy": fused_linear_cross_entropy, "glu_recompute": glu_recompute})
+                      "fused_linear_cross_entropy": fused_linear_cross_entropy, "glu_recompute": glu_recompute,
+                      "norm_recompute": norm_recompute})
     if model_or_class is None:
         if model_type is None:
             raise TypeError("opsmith.hf.patch: give a model, a model class or model_type=")

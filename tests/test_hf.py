@@ -3,7 +3,9 @@ unpatched models (logits, loss, every parameter's gradient, 20 training
 steps), for every supported architecture, built from tiny random configs
 (nothing downloaded)."""
 import copy
+import gc
 import importlib
+import weakref
 
 import pytest
 import torch
@@ -94,11 +96,12 @@ def test_patched_instance_matches_float32(model_type, device, restore_modeling):
     ref = build(model_type, torch.float32, device)
     model = copy.deepcopy(ref)
     assert hf.patch(model) is model
-    # every norm and every MLP of the model computes through opsmith, and the
+    # every norm and every MLP of the model computes through opsmith, every
+    # decoder layer makes its norms' outputs again in the backward, and the
     # causal LM's own forward (the fused linear cross-entropy loss)
     layers = model.config.num_hidden_layers
     norms_per_layer = {"gemma2": 4, "qwen3": 4}.get(model_type, 2)
-    assert patched_count(model) == layers * (norms_per_layer + 1) + 1 + 1
+    assert patched_count(model) == layers * (norms_per_layer + 2) + 1 + 1
     assert isinstance(model.model.norm, hf._classes(model_type)[1])  # still the Hugging Face class
     assert model.state_dict().keys() == ref.state_dict().keys()
     # rotary and the loss go through opsmith too (this build has both)
@@ -165,7 +168,7 @@ def test_class_patch_before_building(restore_modeling):
     ref = build("qwen3", torch.float32, "cpu")
     hf.patch_qwen3()
     model = build("qwen3", torch.float32, "cpu")
-    assert patched_count(model) == 2 * 5 + 1
+    assert patched_count(model) == 2 * 6 + 1  # a layer: 4 norms, the MLP, the layer; the final norm
     for (n, p), (_, q) in zip(model.named_parameters(), ref.named_parameters()):
         assert torch.equal(p, q), n
     ids, labels = batch(model, "cpu")
@@ -188,9 +191,9 @@ def test_class_patch_before_building(restore_modeling):
 def test_patching_twice_and_flags(restore_modeling):
     ref = build("llama", torch.float32, "cpu")
     model = hf.patch(hf.patch(copy.deepcopy(ref), glu=False))
-    assert patched_count(model) == 2 * 3 + 1 + 1  # the second call added the MLPs (+1: the causal LM)
+    assert patched_count(model) == 2 * 4 + 1 + 1  # the second call added the MLPs (+1: the causal LM)
     only_norms = hf.patch(copy.deepcopy(ref), glu=False, fused_linear_cross_entropy=False)
-    assert patched_count(only_norms) == 2 * 2 + 1
+    assert patched_count(only_norms) == 2 * 3 + 1  # norms and layers
     assert only_norms(input_ids=torch.zeros(1, 4, dtype=torch.long), labels=torch.zeros(1, 4, dtype=torch.long)).logits \
         is not None  # the unfused loss path keeps its logits
 
@@ -221,6 +224,61 @@ def test_glu_recompute_keeps_no_mlp_product(device, restore_modeling):
     recomputed.model.layers[0].mlp.down_proj.register_forward_hook(lambda *a: calls.append(1))
     recomputed(input_ids=ids, labels=labels).loss.backward()
     assert calls == [1]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("model_type", ["llama", "gemma2", "qwen3"])
+def test_norm_recompute_keeps_no_norm_output(model_type, device, restore_modeling):
+    """Training, no norm output is kept alive by the graph (norm_recompute,
+    the default): q/k/v_proj and gate/up_proj keep the norm's input instead
+    and the backward makes the output again, bit for bit: the same loss and
+    gradients as keeping it. Under other saved-tensor hooks the layers keep
+    it as usual."""
+    ref = build(model_type, torch.float32, device)
+    kept = hf.patch(copy.deepcopy(ref), norm_recompute=False)
+    recomputed = hf.patch(copy.deepcopy(ref))
+    ids, labels = batch(ref, device)
+
+    def alive_norm_outputs(model, hooks=None):
+        outputs = []
+        handles = [m.register_forward_hook(lambda m, i, o: outputs.append(weakref.ref(o)))
+                   for name, m in model.named_modules() if name.startswith("model.layers.") and "layernorm" in name]
+        if hooks is None:
+            loss = model(input_ids=ids, labels=labels).loss
+        else:
+            with torch.autograd.graph.saved_tensors_hooks(*hooks):
+                loss = model(input_ids=ids, labels=labels).loss
+        for h in handles:
+            h.remove()
+        gc.collect()
+        alive = sum(ref() is not None for ref in outputs)
+        loss.backward()
+        return len(outputs), alive
+
+    norms = sum(1 for name, _ in ref.named_modules() if name.startswith("model.layers.") and "layernorm" in name)
+    assert norms >= 2 * ref.config.num_hidden_layers
+    total, alive = alive_norm_outputs(kept)
+    assert total == norms and alive >= 2 * ref.config.num_hidden_layers  # what q/k/v and gate/up keep
+    assert alive_norm_outputs(recomputed) == (norms, 0)
+    assert alive_norm_outputs(recomputed, (lambda t: t, lambda t: t)) == (norms, alive)
+    _, loss_k, grads_k = forward_backward(kept, ids, labels)
+    _, loss_r, grads_r = forward_backward(recomputed, ids, labels)
+    torch.testing.assert_close(loss_r, loss_k, rtol=0, atol=0)
+    assert grads_r.keys() == grads_k.keys()
+    for name in grads_k:
+        assert grads_r[name].abs().sum() > 0, name
+        torch.testing.assert_close(grads_r[name], grads_k[name], rtol=0, atol=0, msg=name)
+
+
+def test_norm_recompute_refuses_an_input_changed_in_place(restore_modeling):
+    model = hf.patch(build("llama", torch.float32, "cpu"))
+    ids, labels = batch(model, "cpu")
+    weight = model.model.layers[0].input_layernorm.weight
+    loss = model(input_ids=ids, labels=labels).loss
+    with torch.no_grad():
+        weight.mul_(2)
+    with pytest.raises(RuntimeError, match="LlamaRMSNorm was modified in place"):
+        loss.backward()
 
 
 def test_flags_must_be_bools():
