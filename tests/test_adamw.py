@@ -607,3 +607,25 @@ def test_cuda_grad_norm_of_overlapped_launches_in_a_graph():
         graph.replay()
         got = gnorm * 1.0  # right behind the replay
         assert abs(got.item() - want()) <= 1e-5 * want(), scale
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_cuda_grad_norm_of_a_tensor_past_two_to_the_28(dtype):
+    # an embedding's gradient (Llama 3 8B: 525M elements) is longer than the
+    # norm's 2^28-element table slot: it takes several, beside tensors of 1 to
+    # 7 elements and a misaligned view; against float64, and the only nonzero
+    # element past the first slot still counts
+    n = (1 << 28) + 4099
+    big = torch.randn(n, device="cuda", dtype=dtype) * 1e-3
+    big[-1] = 20.0
+    small = [torch.randn(k, device="cuda", dtype=dtype) for k in range(1, 8)]
+    view = torch.randn(1001, device="cuda", dtype=dtype)[1:]
+    grads = small[:3] + [big] + small[3:] + [view]
+    want = torch.sqrt(sum((g.double() ** 2).sum() for g in grads)).item()
+    norm, _ = opsmith.adamw_grad_norm(grads, 1.0)
+    assert abs(norm.item() - want) <= 1e-5 * want
+    big[-1] = 0.0
+    want0 = torch.sqrt(sum((g.double() ** 2).sum() for g in grads)).item()
+    assert want0 < want - 1.0
+    assert abs(opsmith.adamw_grad_norm(grads, 1.0)[0].item() - want0) <= 1e-5 * want0

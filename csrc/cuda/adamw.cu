@@ -65,10 +65,14 @@ struct StepScalars {
     int amsgrad, maximize;
 };
 
+/* The norm's launch: its tensors laid end to end, each started at a multiple
+ * of 4 (at[slot]: where, at[nt]: the end), cut into NORM_SPAN-element
+ * spans, one block each, whatever the tensors' sizes. A tensor longer than
+ * NORM_PIECE takes several slots. */
 struct NormTable {
     const void *g[NORM_TENSORS];
     int64_t n[NORM_TENSORS];
-    int32_t first[NORM_TENSORS + 1];
+    int32_t at[NORM_TENSORS + 1];
     int32_t nt;
 };
 
@@ -224,46 +228,51 @@ __global__ void __launch_bounds__(256) increment_steps_kernel(const IncTable tab
     if (i < tab.n) *tab.step[i] += 1.0f;
 }
 
-/* 4-element groups a thread takes in a full chunk */
-constexpr int NORM_GROUPS = OPSMITH_ADAMW_CHUNK / 4 / THREADS;
-static_assert(NORM_GROUPS * 4 * THREADS == OPSMITH_ADAMW_CHUNK, "a full chunk is whole groups for every thread");
+/* 4-element groups a thread takes in a span */
+constexpr int NORM_GROUPS = 8;
+constexpr int NORM_SPAN = NORM_GROUPS * 4 * THREADS;
+constexpr int64_t NORM_PIECE = (int64_t)1 << 28; /* keeps at[] in int32 */
+static_assert(NORM_SPAN >= OPSMITH_ADAMW_CHUNK, "at most one span a chunk: the workspace holds a partial a chunk");
 
-/* A read-only pass: a full aligned chunk has every load of a thread in
- * flight before its first multiply (the loop form left one at a time), in
- * the order the loop summed them, so the bits are the loop's. */
+/* A read-only pass over spans of equal length: with ~8000 tensors of a few
+ * thousand elements, a block a tensor did little work for its fixed costs
+ * (0.63 of copy on the H200). A thread's groups are found first (the
+ * block's slots by a search over at[], each group's by a search within
+ * them) and their loads all issued before the first multiply; summed in a
+ * fixed order, so the bits do not depend on timing. */
 template <typename G>
 __global__ void __launch_bounds__(THREADS) adamw_norm_kernel(const NormTable tab, float *__restrict__ partial) {
     __shared__ float scratch[32];
     let_next_launch_start();
-    const int t = slot_of(tab.first, tab.nt, (int)blockIdx.x);
-    const int64_t off = (int64_t)((int)blockIdx.x - tab.first[t]) * OPSMITH_ADAMW_CHUNK;
-    const int64_t rest = tab.n[t] - off;
-    const int len = (int)(rest < OPSMITH_ADAMW_CHUNK ? rest : OPSMITH_ADAMW_CHUNK);
-    const G *__restrict__ g = static_cast<const G *>(tab.g[t]) + off;
-    float acc = 0.f;
-    int start = 0;
-    if ((reinterpret_cast<uintptr_t>(g) % (4 * sizeof(G))) == 0) {
-        const int nvec = len / 4;
-        if (len == OPSMITH_ADAMW_CHUNK) {
-            float w[NORM_GROUPS][4];
+    const int32_t lo = (int32_t)blockIdx.x * NORM_SPAN;
+    const int32_t end = tab.at[tab.nt];
+    const int32_t hi = end - lo < NORM_SPAN ? end : lo + NORM_SPAN;
+    const int t0 = slot_of(tab.at, tab.nt, lo), t1 = slot_of(tab.at, tab.nt, hi - 1);
+    float w[NORM_GROUPS][4];
 #pragma unroll
-            for (int k = 0; k < NORM_GROUPS; k++) load4(g + 4 * (threadIdx.x + k * THREADS), w[k]);
-#pragma unroll
-            for (int k = 0; k < NORM_GROUPS; k++)
-                acc += (w[k][0] * w[k][0] + w[k][1] * w[k][1]) + (w[k][2] * w[k][2] + w[k][3] * w[k][3]);
-        } else {
-            for (int i = threadIdx.x; i < nvec; i += THREADS) {
-                float w[4];
-                load4(g + 4 * i, w);
-                acc += (w[0] * w[0] + w[1] * w[1]) + (w[2] * w[2] + w[3] * w[3]);
-            }
+    for (int k = 0; k < NORM_GROUPS; k++) {
+        const int32_t v = lo + 4 * ((int32_t)threadIdx.x + k * THREADS);
+        w[k][0] = w[k][1] = w[k][2] = w[k][3] = 0.f;
+        if (v >= hi) continue;
+        int a = t0, b = t1; /* the last slot with at[slot] <= v */
+        while (a < b) {
+            const int mid = (a + b + 1) >> 1;
+            if (tab.at[mid] <= v) a = mid;
+            else b = mid - 1;
         }
-        start = 4 * nvec;
+        const int64_t i = v - tab.at[a], n = tab.n[a];
+        const G *g = static_cast<const G *>(tab.g[a]) + i;
+        if (i + 4 <= n && reinterpret_cast<uintptr_t>(g) % (4 * sizeof(G)) == 0) {
+            load4(g, w[k]);
+        } else {
+            for (int e = 0; e < 4; e++)
+                if (i + e < n) w[k][e] = load1(g + e);
+        }
     }
-    for (int i = start + threadIdx.x; i < len; i += THREADS) {
-        const float w = load1(g + i);
-        acc += w * w;
-    }
+    float acc = 0.f;
+#pragma unroll
+    for (int k = 0; k < NORM_GROUPS; k++)
+        acc += (w[k][0] * w[k][0] + w[k][1] * w[k][1]) + (w[k][2] * w[k][2] + w[k][3] * w[k][3]);
     acc = block_sum(acc, scratch);
     if (threadIdx.x == 0) partial[blockIdx.x] = acc;
     wait_for_previous_launch();
@@ -396,40 +405,46 @@ extern "C" opsmith_status opsmith_adamw_grad_norm_cuda(int64_t count, const int6
     DeviceInfo dev;
     int device;
     const bool overlap = device_info(&dev, &device) && dev.major >= 9;
+    int64_t partials = 0;
     st = dispatch_storage(grad_dtype, [&](auto gtag) {
         using G = decltype(gtag);
         static NormTable empty_table;
         NormTable tab = empty_table;
         int nt = 0;
-        int32_t nb = 0;
+        int32_t at = 0;   /* the launch's length so far */
         int64_t done = 0; /* partials written by earlier launches */
         auto flush = [&]() -> opsmith_status {
             if (nt == 0) return OPSMITH_STATUS_SUCCESS;
-            tab.first[nt] = nb;
+            tab.at[nt] = at;
             tab.nt = nt;
+            const int32_t blocks = (int32_t)((at + NORM_SPAN - 1) / NORM_SPAN);
             /* overlapped as the step's launches are; the final sum, an ordinary
              * launch, waits for the last of them, which ends after all the others */
-            launch_in_call(adamw_norm_kernel<G>, nb, cs, overlap && done > 0, tab, partial + done);
-            done += nb;
-            nt = 0, nb = 0;
+            launch_in_call(adamw_norm_kernel<G>, blocks, cs, overlap && done > 0, tab, partial + done);
+            done += blocks;
+            nt = 0, at = 0;
             return launch_status();
         };
         for (int64_t t = 0; t < count; t++) {
-            const int64_t n = numels[t];
-            if (n == 0) continue;
-            if (nt == NORM_TENSORS) {
-                opsmith_status e = flush();
-                if (e != OPSMITH_STATUS_SUCCESS) return e;
+            for (int64_t off = 0; off < numels[t]; off += NORM_PIECE) {
+                const int64_t n = numels[t] - off < NORM_PIECE ? numels[t] - off : NORM_PIECE;
+                if (nt == NORM_TENSORS || (int64_t)at + n + 3 > INT32_MAX - NORM_SPAN) {
+                    opsmith_status e = flush();
+                    if (e != OPSMITH_STATUS_SUCCESS) return e;
+                }
+                tab.g[nt] = static_cast<const G *>(grads[t]) + off;
+                tab.n[nt] = n;
+                tab.at[nt] = at;
+                at += (int32_t)((n + 3) / 4 * 4);
+                nt++;
             }
-            tab.g[nt] = grads[t];
-            tab.n[nt] = n;
-            tab.first[nt] = nb;
-            nb += (int32_t)opsmith_internal_adamw_chunks(n);
-            nt++;
         }
-        return flush();
+        const opsmith_status e = flush();
+        partials = done;
+        return e;
     });
     if (st != OPSMITH_STATUS_SUCCESS) return st;
-    adamw_norm_final_kernel<<<1, FINAL_THREADS, 0, cs>>>(partial, chunks, (float)max_norm, norm, clip_coef);
+    /* at most one span a chunk (NORM_SPAN >= OPSMITH_ADAMW_CHUNK): the workspace holds them */
+    adamw_norm_final_kernel<<<1, FINAL_THREADS, 0, cs>>>(partial, partials, (float)max_norm, norm, clip_coef);
     return launch_status();
 }
