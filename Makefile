@@ -125,16 +125,23 @@ kernel-bench: build/kernel_bench
 build/kernel_bench: bench/kernel_bench.c $(LIB)
 	$(CC) -std=c11 -O2 -Wall -Wextra -Iinclude $(CUDA_TEST_FLAGS) $< $(LIB) -fopenmp -lm -lstdc++ $(CUDA_LINK) -o $@
 
-# The CUDA helpers that convert whole packs (csrc/cuda/common.cuh) checked
-# bit for bit against the element-wise conversions, on the host: nvcc
-# compiles the test, no GPU runs it. Skipped (and said so) without nvcc.
+# CUDA helpers checked on the host (tests/cuda_host): nvcc compiles the
+# tests, no GPU runs them. The whole-pack conversions (csrc/cuda/common.cuh)
+# bit for bit against the element-wise ones; AdamW's gradient-norm spans
+# (csrc/cuda/adamw_spans.cuh) read every element once. Skipped (and said so)
+# without nvcc.
 build/test_pack_convert: tests/cuda_host/test_pack_convert.cu csrc/cuda/common.cuh
 	@mkdir -p build
 	$(NVCC) -O2 -std=c++17 -Iinclude -Icsrc $< -o $@
 
+build/test_adamw_spans: tests/cuda_host/test_adamw_spans.cu csrc/cuda/adamw_spans.cuh include/opsmith/adamw.h
+	@mkdir -p build
+	$(NVCC) -O2 -std=c++17 -Iinclude -Icsrc $< -o $@
+
 ifeq ($(WITH_CUDA),1)
-pack-test: build/test_pack_convert
+pack-test: build/test_pack_convert build/test_adamw_spans
 	./build/test_pack_convert
+	./build/test_adamw_spans
 else
 pack-test:
 	@echo "pack-test: SKIPPED (no nvcc)"

@@ -31,6 +31,7 @@
 #include <cuda_fp16.h>
 
 #include "common.cuh"
+#include "adamw_spans.cuh"
 #include "internal/adamw.h"
 #include "launch_plan.cuh"
 
@@ -38,8 +39,7 @@ namespace opsmith {
 namespace {
 
 constexpr int MAX_TENSORS = 384;
-constexpr int THREADS = 512;
-constexpr int NORM_TENSORS = 1536;
+constexpr int THREADS = adamw_spans::THREADS;
 constexpr int FINAL_THREADS = 1024;
 
 /* One launch's table: per tensor slot its pointers, size and the number of
@@ -65,19 +65,8 @@ struct StepScalars {
     int amsgrad, maximize;
 };
 
-/* The norm's launch: its tensors laid end to end, each started at a multiple
- * of 4 (at[slot]: where, at[nt]: the end), cut into NORM_SPAN-element
- * spans, one block each, whatever the tensors' sizes. A tensor longer than
- * NORM_PIECE takes several slots. */
-struct NormTable {
-    const void *g[NORM_TENSORS];
-    int64_t n[NORM_TENSORS];
-    int32_t at[NORM_TENSORS + 1];
-    int32_t nt;
-};
-
 static_assert(sizeof(StepTable) + sizeof(StepScalars) < 32000, "kernel arguments stay under CUDA's 32764 bytes");
-static_assert(sizeof(NormTable) + sizeof(void *) < 32000, "kernel arguments stay under CUDA's 32764 bytes");
+static_assert(sizeof(adamw_spans::Table) + sizeof(void *) < 32000, "kernel arguments stay under CUDA's 32764 bytes");
 
 /* The slot whose blocks include block b: the last with first[slot] <= b. */
 __device__ __forceinline__ int slot_of(const int32_t *first, int nt, int b) {
@@ -228,50 +217,36 @@ __global__ void __launch_bounds__(256) increment_steps_kernel(const IncTable tab
     if (i < tab.n) *tab.step[i] += 1.0f;
 }
 
-/* 4-element groups a thread takes in a span */
-constexpr int NORM_GROUPS = 8;
-constexpr int NORM_SPAN = NORM_GROUPS * 4 * THREADS;
-constexpr int64_t NORM_PIECE = (int64_t)1 << 28; /* keeps at[] in int32 */
-static_assert(NORM_SPAN >= OPSMITH_ADAMW_CHUNK, "at most one span a chunk: the workspace holds a partial a chunk");
-
-/* A read-only pass over spans of equal length: with ~8000 tensors of a few
- * thousand elements, a block a tensor did little work for its fixed costs
- * (0.63 of copy on the H200). A thread's groups are found first (the
- * block's slots by a search over at[], each group's by a search within
- * them) and their loads all issued before the first multiply; summed in a
- * fixed order, so the bits do not depend on timing. */
+/* A read-only pass over spans of equal length (adamw_spans.cuh): with ~8000
+ * tensors of a few thousand elements, a block a tensor chunk did little
+ * work for its fixed costs (0.63 of copy on the H200). A thread's groups are
+ * found first and their loads all issued before the first multiply; summed
+ * in a fixed order, so the bits do not depend on timing. */
 template <typename G>
-__global__ void __launch_bounds__(THREADS) adamw_norm_kernel(const NormTable tab, float *__restrict__ partial) {
+__global__ void __launch_bounds__(THREADS) adamw_norm_kernel(const adamw_spans::Table tab,
+                                                             float *__restrict__ partial) {
+    using namespace adamw_spans;
     __shared__ float scratch[32];
     let_next_launch_start();
-    const int32_t lo = (int32_t)blockIdx.x * NORM_SPAN;
-    const int32_t end = tab.at[tab.nt];
-    const int32_t hi = end - lo < NORM_SPAN ? end : lo + NORM_SPAN;
-    const int t0 = slot_of(tab.at, tab.nt, lo), t1 = slot_of(tab.at, tab.nt, hi - 1);
-    float w[NORM_GROUPS][4];
+    const BlockSlots b = block_slots(tab, (int)blockIdx.x);
+    float w[GROUPS][4];
 #pragma unroll
-    for (int k = 0; k < NORM_GROUPS; k++) {
-        const int32_t v = lo + 4 * ((int32_t)threadIdx.x + k * THREADS);
+    for (int k = 0; k < GROUPS; k++) {
         w[k][0] = w[k][1] = w[k][2] = w[k][3] = 0.f;
-        if (v >= hi) continue;
-        int a = t0, b = t1; /* the last slot with at[slot] <= v */
-        while (a < b) {
-            const int mid = (a + b + 1) >> 1;
-            if (tab.at[mid] <= v) a = mid;
-            else b = mid - 1;
-        }
-        const int64_t i = v - tab.at[a], n = tab.n[a];
-        const G *g = static_cast<const G *>(tab.g[a]) + i;
-        if (i + 4 <= n && reinterpret_cast<uintptr_t>(g) % (4 * sizeof(G)) == 0) {
+        Group grp;
+        if (!group_at(tab, b, (int)threadIdx.x, k, &grp)) continue;
+        const int64_t n = tab.n[grp.slot];
+        const G *g = static_cast<const G *>(tab.g[grp.slot]) + grp.i;
+        if (grp.i + 4 <= n && reinterpret_cast<uintptr_t>(g) % (4 * sizeof(G)) == 0) {
             load4(g, w[k]);
         } else {
             for (int e = 0; e < 4; e++)
-                if (i + e < n) w[k][e] = load1(g + e);
+                if (grp.i + e < n) w[k][e] = load1(g + e);
         }
     }
     float acc = 0.f;
 #pragma unroll
-    for (int k = 0; k < NORM_GROUPS; k++)
+    for (int k = 0; k < GROUPS; k++)
         acc += (w[k][0] * w[k][0] + w[k][1] * w[k][1]) + (w[k][2] * w[k][2] + w[k][3] * w[k][3]);
     acc = block_sum(acc, scratch);
     if (threadIdx.x == 0) partial[blockIdx.x] = acc;
@@ -408,43 +383,21 @@ extern "C" opsmith_status opsmith_adamw_grad_norm_cuda(int64_t count, const int6
     int64_t partials = 0;
     st = dispatch_storage(grad_dtype, [&](auto gtag) {
         using G = decltype(gtag);
-        static NormTable empty_table;
-        NormTable tab = empty_table;
-        int nt = 0;
-        int32_t at = 0;   /* the launch's length so far */
+        adamw_spans::Table tab = {};
         int64_t done = 0; /* partials written by earlier launches */
-        auto flush = [&]() -> opsmith_status {
-            if (nt == 0) return OPSMITH_STATUS_SUCCESS;
-            tab.at[nt] = at;
-            tab.nt = nt;
-            const int32_t blocks = (int32_t)((at + NORM_SPAN - 1) / NORM_SPAN);
-            /* overlapped as the step's launches are; the final sum, an ordinary
-             * launch, waits for the last of them, which ends after all the others */
-            launch_in_call(adamw_norm_kernel<G>, blocks, cs, overlap && done > 0, tab, partial + done);
-            done += blocks;
-            nt = 0, at = 0;
-            return launch_status();
-        };
-        for (int64_t t = 0; t < count; t++) {
-            for (int64_t off = 0; off < numels[t]; off += NORM_PIECE) {
-                const int64_t n = numels[t] - off < NORM_PIECE ? numels[t] - off : NORM_PIECE;
-                if (nt == NORM_TENSORS || (int64_t)at + n + 3 > INT32_MAX - NORM_SPAN) {
-                    opsmith_status e = flush();
-                    if (e != OPSMITH_STATUS_SUCCESS) return e;
-                }
-                tab.g[nt] = static_cast<const G *>(grads[t]) + off;
-                tab.n[nt] = n;
-                tab.at[nt] = at;
-                at += (int32_t)((n + 3) / 4 * 4);
-                nt++;
-            }
-        }
-        const opsmith_status e = flush();
+        const opsmith_status e = adamw_spans::tables(
+            count, numels, grads, sizeof(G), &tab, [&](const adamw_spans::Table &t, int32_t blocks) {
+                /* overlapped as the step's launches are; the final sum, an ordinary
+                 * launch, waits for the last of them, which ends after all the others */
+                launch_in_call(adamw_norm_kernel<G>, blocks, cs, overlap && done > 0, t, partial + done);
+                done += blocks;
+                return launch_status();
+            });
         partials = done;
         return e;
     });
     if (st != OPSMITH_STATUS_SUCCESS) return st;
-    /* at most one span a chunk (NORM_SPAN >= OPSMITH_ADAMW_CHUNK): the workspace holds them */
+    /* at most one span a chunk (adamw_spans::SPAN >= OPSMITH_ADAMW_CHUNK): the workspace holds them */
     adamw_norm_final_kernel<<<1, FINAL_THREADS, 0, cs>>>(partial, partials, (float)max_norm, norm, clip_coef);
     return launch_status();
 }
