@@ -86,6 +86,19 @@ def forward_backward(model, ids, labels):
     return logits, out.loss.detach(), grads
 
 
+def assert_same_training(kept, recomputed, ids, labels, rtol, atol):
+    """A patched model that makes a tensor again in the backward trains as the
+    one that keeps it: the same loss, every gradient nonzero and within
+    rtol/atol."""
+    _, loss_k, grads_k = forward_backward(kept, ids, labels)
+    _, loss_r, grads_r = forward_backward(recomputed, ids, labels)
+    torch.testing.assert_close(loss_r, loss_k, rtol=0, atol=0)
+    assert grads_r.keys() == grads_k.keys()
+    for name in grads_k:
+        assert grads_r[name].abs().sum() > 0, name
+        torch.testing.assert_close(grads_r[name], grads_k[name], rtol=rtol, atol=atol, msg=name)
+
+
 def patched_count(model):
     return sum(1 for m in model.modules() if getattr(type(m), "_opsmith_patched", False))
 
@@ -213,13 +226,7 @@ def test_glu_recompute_keeps_no_mlp_product(device, restore_modeling):
     out_r, bytes_r = saved_tensor_bytes(lambda: recomputed(input_ids=ids, labels=labels))
     cfg = ref.config
     assert bytes_k - bytes_r == cfg.num_hidden_layers * ids.numel() * cfg.intermediate_size * 4
-    _, loss_k, grads_k = forward_backward(kept, ids, labels)
-    _, loss_r, grads_r = forward_backward(recomputed, ids, labels)
-    torch.testing.assert_close(loss_r, loss_k, rtol=0, atol=0)
-    assert grads_r.keys() == grads_k.keys()
-    for name in grads_k:
-        assert grads_r[name].abs().sum() > 0, name
-        torch.testing.assert_close(grads_r[name], grads_k[name], rtol=1e-6, atol=1e-7, msg=name)
+    assert_same_training(kept, recomputed, ids, labels, rtol=1e-6, atol=1e-7)
     calls = []
     recomputed.model.layers[0].mlp.down_proj.register_forward_hook(lambda *a: calls.append(1))
     recomputed(input_ids=ids, labels=labels).loss.backward()
@@ -261,13 +268,7 @@ def test_norm_recompute_keeps_no_norm_output(model_type, device, restore_modelin
     assert total == norms and alive >= 2 * ref.config.num_hidden_layers  # what q/k/v and gate/up keep
     assert alive_norm_outputs(recomputed) == (norms, 0)
     assert alive_norm_outputs(recomputed, (lambda t: t, lambda t: t)) == (norms, alive)
-    _, loss_k, grads_k = forward_backward(kept, ids, labels)
-    _, loss_r, grads_r = forward_backward(recomputed, ids, labels)
-    torch.testing.assert_close(loss_r, loss_k, rtol=0, atol=0)
-    assert grads_r.keys() == grads_k.keys()
-    for name in grads_k:
-        assert grads_r[name].abs().sum() > 0, name
-        torch.testing.assert_close(grads_r[name], grads_k[name], rtol=0, atol=0, msg=name)
+    assert_same_training(kept, recomputed, ids, labels, rtol=0, atol=0)  # the same bits
 
 
 def test_norm_recompute_refuses_an_input_changed_in_place(restore_modeling):
