@@ -111,13 +111,17 @@ class _NormRecompute:
 
     def __init__(self, norm, module, x):
         self.norm, self.module, self.x = norm, module, x
-        self.versions = (x._version, module.weight._version)
+        self.versions = self._versions()
         self.packed = self.unpacked = 0
         self.y = None
 
+    def _versions(self):
+        weight = getattr(self.module, "weight", None)
+        return self.x._version, None if weight is None else weight._version
+
     def output(self):
         if self.y is None:
-            if (self.x._version, self.module.weight._version) != self.versions:
+            if self._versions() != self.versions:
                 raise RuntimeError(f"opsmith.hf: the input or weight of a {type(self.module).__name__} was modified "
                                    f"in place after its forward; its output cannot be made again for the backward "
                                    f"(patch with norm_recompute=False to keep it instead)")
