@@ -107,11 +107,12 @@ def _gemma_rms_norm_forward(self, x):
 # it would unpatched.
 
 class _NormRecompute:
-    __slots__ = ("norm", "module", "x", "versions", "packed", "unpacked", "y")
+    __slots__ = ("norm", "module", "x", "versions", "output_version", "packed", "unpacked", "y")
 
-    def __init__(self, norm, module, x):
+    def __init__(self, norm, module, x, output_version):
         self.norm, self.module, self.x = norm, module, x
         self.versions = self._versions()
+        self.output_version = output_version  # changed in place since (a hook): saved as it is
         self.packed = self.unpacked = 0
         self.y = None
 
@@ -139,30 +140,40 @@ _recompute_scope = threading.local()
 
 def _recomputable(norm, module, x):
     y = norm(module, x)
-    if getattr(_recompute_scope, "active", False) and y.requires_grad and y.is_contiguous():
-        y._opsmith_recompute = _NormRecompute(norm, module, x.detach())
+    if getattr(_recompute_scope, "active", False) and y.requires_grad and type(y) is torch.Tensor \
+            and y.is_contiguous():
+        y._opsmith_recompute = _NormRecompute(norm, module, x.detach(), y._version)
     return y
 
 
 def _pack(t):
+    if type(t) is not torch.Tensor:  # subclasses (DTensor): as they are
+        return t
     base = t if t._base is None else t._base
     recompute = getattr(base, "_opsmith_recompute", None)
-    if recompute is None or t.dtype != base.dtype:
+    if recompute is None or t.dtype != base.dtype or base._version != recompute.output_version:
         return t
     recompute.packed += 1
-    return recompute, t.size(), t.stride(), t.storage_offset() - base.storage_offset()
+    if t is base:
+        return recompute, None
+    return recompute, (t.size(), t.stride(), t.storage_offset() - base.storage_offset())
 
 
 def _unpack(packed):
     if isinstance(packed, torch.Tensor):
         return packed
-    recompute, size, stride, offset = packed
-    return recompute.output().as_strided(size, stride, offset)
+    recompute, view = packed
+    y = recompute.output()
+    return y if view is None else y.as_strided(*view)
 
 
 def _other_saved_tensor_hooks() -> bool:
+    """Saved-tensor hooks are set already, or disabled (torch.func transforms)."""
     top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
-    return top is None or top(False) is not None  # unknown: assume some, take the usual path
+    enabled = getattr(torch._C._autograd, "_saved_tensors_hooks_is_enabled", None)
+    if top is None or enabled is None:  # unknown: assume so, take the usual path
+        return True
+    return not enabled() or top(False) is not None
 
 
 def _decoder_layer_forward(base: type) -> Callable:

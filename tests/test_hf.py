@@ -271,6 +271,35 @@ def test_norm_recompute_keeps_no_norm_output(model_type, device, restore_modelin
     assert_same_training(kept, recomputed, ids, labels, rtol=0, atol=0)  # the same bits
 
 
+def test_norm_recompute_keeps_an_output_changed_in_place(restore_modeling):
+    """A forward hook that scales the norm's output in place (activation
+    steering): that output is saved as it is, not made again unscaled."""
+    ref = build("llama", torch.float32, "cpu")
+    models = [hf.patch(copy.deepcopy(ref), norm_recompute=flag) for flag in (False, True)]
+    for model in models:
+        for layer in model.model.layers:
+            layer.input_layernorm.register_forward_hook(lambda m, i, o: o.mul_(3.0))
+    ids, labels = batch(ref, "cpu")
+    assert_same_training(*models, ids, labels, rtol=0, atol=0)
+
+
+def test_norm_recompute_under_torch_func_grad(restore_modeling):
+    """torch.func transforms disable saved-tensor hooks: the layers take the
+    usual path there, and the gradients are the unpatched model's."""
+    ref = build("llama", torch.float32, "cpu")
+    model = hf.patch(copy.deepcopy(ref), glu=False, fused_linear_cross_entropy=False)
+    ids, labels = batch(ref, "cpu")
+    params = dict(model.named_parameters())
+
+    def loss_of(p, m):
+        return torch.func.functional_call(m, p, (), {"input_ids": ids, "labels": labels}).loss
+
+    grads = torch.func.grad(loss_of)(params, model)
+    want = torch.func.grad(loss_of)(dict(ref.named_parameters()), ref)
+    for name in want:
+        torch.testing.assert_close(grads[name], want[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
 def test_norm_recompute_refuses_an_input_changed_in_place(restore_modeling):
     model = hf.patch(build("llama", torch.float32, "cpu"))
     ids, labels = batch(model, "cpu")
