@@ -218,6 +218,37 @@ def test_backward_is_rotation_by_minus_theta():
                                                        cos, sin)[0], q, atol=1e-13)
 
 
+def test_hf_drop_in_keeps_the_projections_order(device):
+    # Hugging Face's q_proj(h).view(B, S, H, D).transpose(1, 2): the drop-in's
+    # outputs and the gradients it returns keep the [B, S, H, D] order (as
+    # Hugging Face's elementwise rotation does), so the projections' backward
+    # reads the gradient as a view, no copy; other layouts are as before
+    gen = torch.Generator().manual_seed(12)
+    B, S, H, Hk, D = 2, 5, 4, 2, 16
+    hq = torch.randn(B, S, H * D, generator=gen).to(device).requires_grad_()
+    hk = torch.randn(B, S, Hk * D, generator=gen).to(device).requires_grad_()
+    q, k = hq.view(B, S, H, D).transpose(1, 2), hk.view(B, S, Hk, D).transpose(1, 2)
+    cos, sin = angles(B, S, D, device, gen=gen)
+    q_out, k_out = opsmith.apply_rotary_pos_emb(q, k, cos, sin)
+    assert q_out.stride() == q.stride() and k_out.stride() == k.stride()
+    for got, x in ((q_out, q), (k_out, k)):
+        close(got, reference(x.detach(), cos, sin), torch.float32, "transposed input")
+    # gradients as attention returns them: in its inputs' layout
+    dq = torch.randn(B, S, H, D, generator=gen).to(device).transpose(1, 2)
+    dk = torch.randn(B, S, Hk, D, generator=gen).to(device).transpose(1, 2)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        gq, gk = torch.autograd.grad((q_out, k_out), (hq, hk), (dq, dk))
+    copies = [e.name for e in prof.events() if e.name in ("aten::copy_", "aten::clone", "aten::contiguous")]
+    assert not copies, f"the backward copied: {copies}"
+    for g, x, hx, dx in ((gq, q, hq, dq), (gk, k, hk, dk)):
+        want = torch.autograd.grad(reference(x, cos, sin), hx, dx.double())[0]
+        close(g, want, torch.float32, "gradient through the view")
+    # contiguous [B, H, S, D] q and k: contiguous outputs, as before
+    q2, k2 = opsmith.apply_rotary_pos_emb(q.contiguous(), k.contiguous(), cos, sin)
+    assert q2.is_contiguous() and k2.is_contiguous()
+    assert torch.equal(q2, q_out) and torch.equal(k2, k_out)
+
+
 def test_gqa_and_k_gradient_only(device):
     gen = torch.Generator().manual_seed(5)
     q = torch.randn(2, 8, 3, 16, generator=gen).to(device).requires_grad_()

@@ -85,6 +85,14 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, si
         q, k = q.to(dtype), k.to(dtype)
     if cos.dtype != dtype and not (cos.dtype == torch.float32 and dtype in (torch.float16, torch.bfloat16)):
         cos, sin = cos.to(dtype), sin.to(dtype)
+    if layout == "bhsd" and q.transpose(1, 2).is_contiguous() and k.transpose(1, 2).is_contiguous():
+        # q_proj(h).view(B, S, H, D).transpose(1, 2), as Hugging Face builds
+        # q and k: rotated in their [B, S, H, D] order, the outputs keep it
+        # (as Hugging Face's elementwise rotation does), and so do the
+        # gradients coming back, which q_proj's backward then reads as a view
+        # of [B * S, H * D] instead of copying a [B, H, S, D] one
+        q_out, k_out = _fwd(q.transpose(1, 2), k.transpose(1, 2), cos, sin, None, False, None, "bshd")
+        return q_out.transpose(1, 2), k_out.transpose(1, 2)
     q_out, k_out = _fwd(q, k, cos, sin, None, False, None, layout)
     return q_out, k_out
 
