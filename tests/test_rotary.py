@@ -247,6 +247,9 @@ def test_hf_drop_in_keeps_the_projections_order(device):
     q2, k2 = opsmith.apply_rotary_pos_emb(q.contiguous(), k.contiguous(), cos, sin)
     assert q2.is_contiguous() and k2.is_contiguous()
     assert torch.equal(q2, q_out) and torch.equal(k2, k_out)
+    # a q that is not 4-D still gets the op's own message, naming the layout asked for
+    with pytest.raises(RuntimeError, match=r"q must be 4-D \[B, H, S, D\] \(layout 'bhsd'\)"):
+        opsmith.apply_rotary_pos_emb(hq[0], hq[0], cos, sin)
 
 
 def test_gqa_and_k_gradient_only(device):

@@ -85,7 +85,8 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, si
         q, k = q.to(dtype), k.to(dtype)
     if cos.dtype != dtype and not (cos.dtype == torch.float32 and dtype in (torch.float16, torch.bfloat16)):
         cos, sin = cos.to(dtype), sin.to(dtype)
-    if layout == "bhsd" and q.transpose(1, 2).is_contiguous() and k.transpose(1, 2).is_contiguous():
+    if layout == "bhsd" and q.dim() == 4 and k.dim() == 4 and q.transpose(1, 2).is_contiguous() \
+            and k.transpose(1, 2).is_contiguous():
         # q_proj(h).view(B, S, H, D).transpose(1, 2), as Hugging Face builds
         # q and k: rotated in their [B, S, H, D] order, the outputs keep it
         # (as Hugging Face's elementwise rotation does), and so do the
