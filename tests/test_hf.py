@@ -14,8 +14,9 @@ transformers = pytest.importorskip("transformers")
 
 import opsmith  # noqa: E402
 import opsmith.hf as hf  # noqa: E402
+from conftest import devices  # noqa: E402
 
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+DEVICES = devices  # the CUDA entry skips (and is counted) without a GPU
 
 
 def tiny_config(model_type):

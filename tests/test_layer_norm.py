@@ -7,10 +7,11 @@ import torch.nn.functional as F
 
 import opsmith
 import opsmith.pybind
+from conftest import devices
 
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
-DEVICES = ["cpu"] + (["cuda"] if CUDA else [])
+DEVICES = devices  # the CUDA entry skips (and is counted) without a GPU
 ROUTES = {"route_b": opsmith.layer_norm, "route_a": opsmith.pybind.layer_norm}
 TOL = {torch.float64: 1e-10, torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 

@@ -152,12 +152,15 @@ at::Tensor fused_add_rms_norm_(const at::Tensor &x, at::Tensor &residual, const 
 }
 
 // dx, dweight = fused_add_rms_norm_bwd(dy, dh, h, weight, inv_rms, offset,
-// casting_mode): dx = rms_norm_bwd(dy; h) + dh, the gradient of both x and
-// residual; dy or dh None counts as zero. dx has h's dtype, dweight the weight's.
+// casting_mode, weight_grad): dx = rms_norm_bwd(dy; h) + dh, the gradient of
+// both x and residual; dy or dh None counts as zero. dx has h's dtype, dweight
+// the weight's; dweight has shape [0] when weight_grad is false (a frozen
+// weight: its column sums are skipped).
 std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_bwd(const std::optional<at::Tensor> &dy,
                                                           const std::optional<at::Tensor> &dh, const at::Tensor &h,
                                                           const at::Tensor &weight, const at::Tensor &inv_rms,
-                                                          double offset, c10::string_view casting_mode) {
+                                                          double offset, c10::string_view casting_mode,
+                                                          bool weight_grad) {
     const Options o =
         check_call(h, "h", weight, offset, casting_mode, dy.has_value() ? dy->scalar_type() : h.scalar_type(), "dy");
     if (dy.has_value()) {
@@ -178,9 +181,10 @@ std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_bwd(const std::optional<at
         // no gradient reaches y: dx = dh, and the weight gets none
         if (dh.has_value()) dx.copy_(*dh);
         else dx.zero_();
-        return {dx, at::zeros({h.size(-1)}, weight.options())};
+        return {dx, at::zeros({weight_grad ? h.size(-1) : 0}, weight.options())};
     }
-    at::Tensor dweight = empty_output({h.size(-1)}, weight.options());
+    at::Tensor dweight = empty_output({weight_grad ? h.size(-1) : 0}, weight.options());
+    void *dw = weight_grad ? dweight.data_ptr() : nullptr;
     const Rows hr = as_rows(h), dyr = as_rows(*dy);
     std::optional<Rows> dhr;
     if (dh.has_value()) dhr = as_rows(*dh);
@@ -192,23 +196,23 @@ std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_bwd(const std::optional<at
     if (h.is_cuda()) {
         const c10::cuda::CUDAGuard guard(h.device());
         const size_t ws_bytes = opsmith_fused_add_rms_norm_bwd_cuda_workspace_size(
-            o.x_dtype, o.weight_dtype, o.y_dtype, hr.rows, hr.n, w.data_ptr(), dweight.data_ptr());
+            o.x_dtype, o.weight_dtype, o.y_dtype, hr.rows, hr.n, w.data_ptr(), dw);
         at::Tensor ws = workspace(ws_bytes, h);
         status = opsmith_fused_add_rms_norm_bwd_cuda(
             o.x_dtype, o.weight_dtype, o.y_dtype, hr.rows, hr.n, dyr.data(), dyr.stride, dh_ptr, dh_stride, hr.data(),
-            hr.stride, w.data_ptr(), o.offset, o.casting, inv.data_ptr(), dx.data_ptr(), hr.n, dweight.data_ptr(),
+            hr.stride, w.data_ptr(), o.offset, o.casting, inv.data_ptr(), dx.data_ptr(), hr.n, dw,
             data_or_null(ws), ws_bytes, at::cuda::getCurrentCUDAStream(h.get_device()).stream());
     } else
 #endif
     {
         use_torch_cpu_threads();
         const size_t ws_bytes = opsmith_fused_add_rms_norm_bwd_cpu_workspace_size(
-            o.x_dtype, o.weight_dtype, o.y_dtype, hr.rows, hr.n, w.data_ptr(), dweight.data_ptr());
+            o.x_dtype, o.weight_dtype, o.y_dtype, hr.rows, hr.n, w.data_ptr(), dw);
         at::Tensor ws = workspace(ws_bytes, h);
         status = opsmith_fused_add_rms_norm_bwd_cpu(o.x_dtype, o.weight_dtype, o.y_dtype, hr.rows, hr.n, dyr.data(),
                                                     dyr.stride, dh_ptr, dh_stride, hr.data(), hr.stride, w.data_ptr(),
-                                                    o.offset, o.casting, inv.data_ptr(), dx.data_ptr(), hr.n,
-                                                    dweight.data_ptr(), data_or_null(ws), ws_bytes);
+                                                    o.offset, o.casting, inv.data_ptr(), dx.data_ptr(), hr.n, dw,
+                                                    data_or_null(ws), ws_bytes);
     }
     check_status(status, kOp);
     return {dx, dweight};
@@ -241,11 +245,13 @@ OPSMITH_PYBIND(fused_add_rms_norm) {
     m.def(
         "fused_add_rms_norm_bwd",
         [](const std::optional<at::Tensor> &dy, const std::optional<at::Tensor> &dh, const at::Tensor &h,
-           const at::Tensor &weight, const at::Tensor &inv_rms, double offset, const std::string &casting_mode) {
-            return opsmith::fused_add_rms_norm_bwd(dy, dh, h, weight, inv_rms, offset, casting_mode);
+           const at::Tensor &weight, const at::Tensor &inv_rms, double offset, const std::string &casting_mode,
+           bool weight_grad) {
+            return opsmith::fused_add_rms_norm_bwd(dy, dh, h, weight, inv_rms, offset, casting_mode, weight_grad);
         },
         "residual add + RMSNorm backward: (dx, dweight)", py::arg("dy"), py::arg("dh"), py::arg("h"),
-        py::arg("weight"), py::arg("inv_rms"), py::arg("offset") = 0.0, py::arg("casting_mode") = "none");
+        py::arg("weight"), py::arg("inv_rms"), py::arg("offset") = 0.0, py::arg("casting_mode") = "none",
+        py::arg("weight_grad") = true);
 }
 
 namespace opsmith {
@@ -273,6 +279,8 @@ struct FusedAddRMSNormBackward : public torch::autograd::Node {
         const at::Tensor &dy = grads[0], &dh = grads[1];
         if (!dy.defined() && !dh.defined()) return {at::Tensor(), at::Tensor(), at::Tensor()};
         const at::Tensor h = h_.unpack(shared_from_this()), w = weight_.unpack();
+        // the weight's column sums only when this backward delivers them
+        const bool weight_grad = task_should_compute_output(2);
         at::Tensor dx, dw;
         if (!dy.defined()) {
             // only h's own gradient: it passes to x and residual as it is (as
@@ -281,7 +289,8 @@ struct FusedAddRMSNormBackward : public torch::autograd::Node {
         } else {
             at::AutoDispatchBelowADInplaceOrView below_autograd;
             std::tie(dx, dw) = bwd_op().call(dy, dh.defined() ? std::optional<at::Tensor>(dh) : std::nullopt, h, w,
-                                             inv_rms_.unpack(), offset_, casting_);
+                                             inv_rms_.unpack(), offset_, casting_, weight_grad);
+            if (!weight_grad) dw = at::Tensor();
         }
         refuse_double_backward(kNotTwice, {dx, dw}, dy, dh, h, w);
         // x and residual get the same gradient; autograd copies before it
@@ -323,12 +332,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd_autograd(const at::Tensor &x,
 std::tuple<at::Tensor, at::Tensor> bwd_autograd(const std::optional<at::Tensor> &dy,
                                                 const std::optional<at::Tensor> &dh, const at::Tensor &h,
                                                 const at::Tensor &weight, const at::Tensor &inv_rms, double offset,
-                                                c10::string_view casting_mode) {
+                                                c10::string_view casting_mode, bool weight_grad) {
     refuse_forward_ad(kOp, tensor_or_undefined(dy), tensor_or_undefined(dh), h, weight);
     at::Tensor dx, dw;
     {
         at::AutoDispatchBelowADInplaceOrView below_autograd;
-        std::tie(dx, dw) = bwd_op().call(dy, dh, h, weight, inv_rms, offset, casting_mode);
+        std::tie(dx, dw) = bwd_op().call(dy, dh, h, weight, inv_rms, offset, casting_mode, weight_grad);
     }
     refuse_double_backward(kNotTwice, {dx, dw}, dy, dh, h, weight);
     return {dx, dw};
@@ -365,7 +374,7 @@ TORCH_LIBRARY_FRAGMENT(opsmith, m) {
     m.def("fused_add_rms_norm_fwd(Tensor x, Tensor residual, Tensor weight, float eps=1e-06, float offset=0., "
           "str casting_mode=\"none\", ScalarType? out_dtype=None) -> (Tensor y, Tensor h, Tensor inv_rms)");
     m.def("fused_add_rms_norm_bwd(Tensor? dy, Tensor? dh, Tensor h, Tensor weight, Tensor inv_rms, "
-          "float offset=0., str casting_mode=\"none\") -> (Tensor dx, Tensor dweight)");
+          "float offset=0., str casting_mode=\"none\", bool weight_grad=True) -> (Tensor dx, Tensor dweight)");
     // h written over residual
     m.def("fused_add_rms_norm_(Tensor x, Tensor(a!) residual, Tensor weight, float eps=1e-06, float offset=0., "
           "str casting_mode=\"none\", ScalarType? out_dtype=None) -> Tensor y");

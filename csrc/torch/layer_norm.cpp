@@ -122,13 +122,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_fwd(const at::Tensor &
     return {y, mean, rstd};
 }
 
-// dx, dweight, dbias = layer_norm_bwd(dy, x, weight, bias, mean, rstd):
-// bias is read for its dtype and presence only. dweight (dbias) has the
-// weight's (bias's) dtype, shape [0] when weight (bias) is None.
+// dx, dweight, dbias = layer_norm_bwd(dy, x, weight, bias, mean, rstd,
+// weight_grad, bias_grad): bias is read for its dtype and presence only.
+// dweight (dbias) has the weight's (bias's) dtype, shape [0] when weight
+// (bias) is None or its gradient is not asked for (a frozen parameter: its
+// column sums are skipped).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_bwd(const at::Tensor &dy, const at::Tensor &x,
                                                               const std::optional<at::Tensor> &weight,
                                                               const std::optional<at::Tensor> &bias,
-                                                              const at::Tensor &mean, const at::Tensor &rstd) {
+                                                              const at::Tensor &mean, const at::Tensor &rstd,
+                                                              bool weight_grad, bool bias_grad) {
     const opsmith_dtype xd = check_x(x);
     const opsmith_dtype wd = check_params(x, weight, bias);
     check_same_device(dy, x, kOp, "dy");
@@ -144,10 +147,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_bwd(const at::Tensor &
     const void *w = param_data(weight, w_holder);
     const auto param_options = x.options().dtype(scalar_of(wd));
     at::Tensor dx = empty_output(x.sizes(), x.options());
-    at::Tensor dweight = empty_output({w ? x.size(-1) : 0}, param_options);
-    at::Tensor dbias = empty_output({bias.has_value() ? x.size(-1) : 0}, param_options);
-    void *dw = w ? dweight.data_ptr() : nullptr;
-    void *db = bias.has_value() ? dbias.data_ptr() : nullptr;
+    const bool want_dw = w && weight_grad, want_db = bias.has_value() && bias_grad;
+    at::Tensor dweight = empty_output({want_dw ? x.size(-1) : 0}, param_options);
+    at::Tensor dbias = empty_output({want_db ? x.size(-1) : 0}, param_options);
+    void *dw = want_dw ? dweight.data_ptr() : nullptr;
+    void *db = want_db ? dbias.data_ptr() : nullptr;
 
     opsmith_status status;
 #if OPSMITH_WITH_CUDA
@@ -186,7 +190,8 @@ OPSMITH_PYBIND(layer_norm) {
     m.def("layer_norm_fwd", &opsmith::layer_norm_fwd, "LayerNorm forward: (y, mean, rstd)", py::arg("x"),
           py::arg("weight"), py::arg("bias"), py::arg("eps") = 1e-5);
     m.def("layer_norm_bwd", &opsmith::layer_norm_bwd, "LayerNorm backward: (dx, dweight, dbias)", py::arg("dy"),
-          py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("mean"), py::arg("rstd"));
+          py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("mean"), py::arg("rstd"),
+          py::arg("weight_grad") = true, py::arg("bias_grad") = true);
 }
 
 namespace opsmith {
@@ -217,13 +222,18 @@ struct LayerNormBackward : public torch::autograd::Node {
         const at::Tensor x = x_.unpack();
         const std::optional<at::Tensor> w = unpack_optional(has_weight_, weight_);
         const std::optional<at::Tensor> b = unpack_optional(has_bias_, bias_);
+        // column sums only for the parameters this backward delivers to (a
+        // frozen one, or autograd.grad not asking for it: skipped)
+        const bool weight_grad = has_weight_ && task_should_compute_output(1);
+        const bool bias_grad = has_bias_ && task_should_compute_output(2);
         at::Tensor dx, dw, db;
         {
             at::AutoDispatchBelowADInplaceOrView below_autograd;
-            std::tie(dx, dw, db) = layer_norm_bwd_op().call(dy, x, w, b, mean_.unpack(), rstd_.unpack());
+            std::tie(dx, dw, db) =
+                layer_norm_bwd_op().call(dy, x, w, b, mean_.unpack(), rstd_.unpack(), weight_grad, bias_grad);
         }
-        if (!has_weight_) dw = at::Tensor();
-        if (!has_bias_) db = at::Tensor();
+        if (!weight_grad) dw = at::Tensor();
+        if (!bias_grad) db = at::Tensor();
         refuse_double_backward(kNotTwice, {dx, dw, db}, dy, x, w, b);
         return {dx, dw, db};
     }
@@ -267,12 +277,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_bwd_autograd(const at:
                                                                        const std::optional<at::Tensor> &weight,
                                                                        const std::optional<at::Tensor> &bias,
                                                                        const at::Tensor &mean,
-                                                                       const at::Tensor &rstd) {
+                                                                       const at::Tensor &rstd, bool weight_grad,
+                                                                       bool bias_grad) {
     refuse_forward_ad(kOp, dy, x, tensor_or_undefined(weight));
     at::Tensor dx, dw, db;
     {
         at::AutoDispatchBelowADInplaceOrView below_autograd;
-        std::tie(dx, dw, db) = layer_norm_bwd_op().call(dy, x, weight, bias, mean, rstd);
+        std::tie(dx, dw, db) = layer_norm_bwd_op().call(dy, x, weight, bias, mean, rstd, weight_grad, bias_grad);
     }
     refuse_double_backward(kNotTwice, {dx, dw, db}, dy, x, weight);
     return {dx, dw, db};
@@ -304,8 +315,9 @@ TORCH_LIBRARY_FRAGMENT(opsmith, m) {
     m.set_python_module("opsmith.ops.layer_norm");
     m.def("layer_norm_fwd(Tensor x, Tensor? weight, Tensor? bias, float eps=1e-05) -> "
           "(Tensor y, Tensor mean, Tensor rstd)");
-    m.def("layer_norm_bwd(Tensor dy, Tensor x, Tensor? weight, Tensor? bias, Tensor mean, Tensor rstd) -> "
-          "(Tensor dx, Tensor dweight, Tensor dbias)");
+    // weight_grad / bias_grad False: that gradient is not computed (shape [0])
+    m.def("layer_norm_bwd(Tensor dy, Tensor x, Tensor? weight, Tensor? bias, Tensor mean, Tensor rstd, "
+          "bool weight_grad=True, bool bias_grad=True) -> (Tensor dx, Tensor dweight, Tensor dbias)");
 }
 
 TORCH_LIBRARY_IMPL(opsmith, CPU, m) {

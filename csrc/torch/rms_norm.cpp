@@ -186,19 +186,28 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_fwd(const at::Tensor &x, const std::
     return {y, inv_rms};
 }
 
-// dx, dweight = rms_norm_bwd(dy, x, weight, inv_rms, offset, casting_mode);
-// dx has x's dtype, dweight the weight's, shape [0] when weight is None.
+// The weight gradient's tensor: (n) in the weight's dtype when it is asked
+// for, else shape [0] (no weight, or a weight that needs no gradient: a
+// frozen norm, as in LoRA fine-tuning, skips the column sums).
+at::Tensor dweight_output(const at::Tensor &x, const std::optional<at::Tensor> &weight, bool weight_grad) {
+    const bool wanted = weight.has_value() && weight_grad;
+    return empty_output({wanted ? x.size(-1) : 0}, x.options().dtype(weight ? weight->scalar_type() : x.scalar_type()));
+}
+
+// dx, dweight = rms_norm_bwd(dy, x, weight, inv_rms, offset, casting_mode,
+// weight_grad); dx has x's dtype, dweight the weight's, shape [0] when weight
+// is None or weight_grad is false.
 std::tuple<at::Tensor, at::Tensor> rms_norm_bwd(const at::Tensor &dy, const at::Tensor &x,
                                                 const std::optional<at::Tensor> &weight, const at::Tensor &inv_rms,
-                                                double offset, c10::string_view casting_mode) {
+                                                double offset, c10::string_view casting_mode, bool weight_grad) {
     const Options o = check_bwd(dy, x, weight, inv_rms, offset, casting_mode);
     const Rows xr = as_rows(x), dyr = as_rows(dy);
     const at::Tensor inv = inv_rms.contiguous();
     at::Tensor w_holder;
     const void *w = weight_data(weight, w_holder);
     at::Tensor dx = empty_output(x.sizes(), x.options());
-    at::Tensor dweight = empty_output({w ? x.size(-1) : 0}, x.options().dtype(w ? weight->scalar_type() : x.scalar_type()));
-    run_bwd(o, dyr, xr, x, w, inv, dx.data_ptr(), xr.n, w ? dweight.data_ptr() : nullptr);
+    at::Tensor dweight = dweight_output(x, weight, weight_grad);
+    run_bwd(o, dyr, xr, x, w, inv, dx.data_ptr(), xr.n, dweight.numel() ? dweight.data_ptr() : nullptr);
     return {dx, dweight};
 }
 
@@ -212,7 +221,7 @@ bool can_write_over(const at::Tensor &dy, const at::Tensor &x) {
 // dweight = rms_norm_bwd_(dy, ...): the backward with dx written over dy
 // (dy becomes dx); the memory saving of an in-place backward.
 at::Tensor rms_norm_bwd_(at::Tensor &dy, const at::Tensor &x, const std::optional<at::Tensor> &weight,
-                         const at::Tensor &inv_rms, double offset, c10::string_view casting_mode) {
+                         const at::Tensor &inv_rms, double offset, c10::string_view casting_mode, bool weight_grad) {
     const Options o = check_bwd(dy, x, weight, inv_rms, offset, casting_mode);
     TORCH_CHECK(can_write_over(dy, x), kOp, ": the in-place backward needs dy in x's dtype (", x.scalar_type(),
                 ") with rows addressable in place, got ", dy.scalar_type(), " of strides ", text(dy.strides()));
@@ -220,8 +229,8 @@ at::Tensor rms_norm_bwd_(at::Tensor &dy, const at::Tensor &x, const std::optiona
     const at::Tensor inv = inv_rms.contiguous();
     at::Tensor w_holder;
     const void *w = weight_data(weight, w_holder);
-    at::Tensor dweight = empty_output({w ? x.size(-1) : 0}, x.options().dtype(w ? weight->scalar_type() : x.scalar_type()));
-    run_bwd(o, dyr, xr, x, w, inv, dy.data_ptr(), dyr.stride, w ? dweight.data_ptr() : nullptr);
+    at::Tensor dweight = dweight_output(x, weight, weight_grad);
+    run_bwd(o, dyr, xr, x, w, inv, dy.data_ptr(), dyr.stride, dweight.numel() ? dweight.data_ptr() : nullptr);
     return dweight;
 }
 
@@ -242,11 +251,11 @@ OPSMITH_PYBIND(rms_norm) {
     m.def(
         "rms_norm_bwd",
         [](const at::Tensor &dy, const at::Tensor &x, const std::optional<at::Tensor> &weight,
-           const at::Tensor &inv_rms, double offset, const std::string &casting_mode) {
-            return opsmith::rms_norm_bwd(dy, x, weight, inv_rms, offset, casting_mode);
+           const at::Tensor &inv_rms, double offset, const std::string &casting_mode, bool weight_grad) {
+            return opsmith::rms_norm_bwd(dy, x, weight, inv_rms, offset, casting_mode, weight_grad);
         },
         "RMSNorm backward: (dx, dweight)", py::arg("dy"), py::arg("x"), py::arg("weight"), py::arg("inv_rms"),
-        py::arg("offset") = 0.0, py::arg("casting_mode") = "none");
+        py::arg("offset") = 0.0, py::arg("casting_mode") = "none", py::arg("weight_grad") = true);
 }
 
 namespace opsmith {
@@ -276,6 +285,9 @@ struct RMSNormBackward : public torch::autograd::Node {
         const at::Tensor x = x_.unpack();
         const std::optional<at::Tensor> w =
             has_weight_ ? std::optional<at::Tensor>(weight_.unpack()) : std::nullopt;
+        // the weight's column sums only when this backward delivers them (a
+        // frozen weight, or autograd.grad asked for x's gradient alone: not)
+        const bool weight_grad = has_weight_ && task_should_compute_output(1);
         at::Tensor dx, dw;
         {
             at::AutoDispatchBelowADInplaceOrView below_autograd;
@@ -284,13 +296,13 @@ struct RMSNormBackward : public torch::autograd::Node {
             // not for tensor subclasses (torch.compile's tracing), which take
             // the functional op
             if (inplace_ && !dy.requires_grad() && !at::isTensorSubclassLike(dy) && can_write_over(dy, x)) {
-                dw = rms_norm_bwd_inplace_op().call(dy, x, w, inv_rms_.unpack(), offset_, casting_);
+                dw = rms_norm_bwd_inplace_op().call(dy, x, w, inv_rms_.unpack(), offset_, casting_, weight_grad);
                 dx = dy;
             } else {
-                std::tie(dx, dw) = rms_norm_bwd_op().call(dy, x, w, inv_rms_.unpack(), offset_, casting_);
+                std::tie(dx, dw) = rms_norm_bwd_op().call(dy, x, w, inv_rms_.unpack(), offset_, casting_, weight_grad);
             }
         }
-        if (!has_weight_) dw = at::Tensor();
+        if (!weight_grad) dw = at::Tensor();
         refuse_double_backward(kNotTwice, {dx, dw}, dy, x, w);
         return {dx, dw};
     }
@@ -334,12 +346,12 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_fwd_autograd(const at::Tensor &x, co
 std::tuple<at::Tensor, at::Tensor> rms_norm_bwd_autograd(const at::Tensor &dy, const at::Tensor &x,
                                                          const std::optional<at::Tensor> &weight,
                                                          const at::Tensor &inv_rms, double offset,
-                                                         c10::string_view casting_mode) {
+                                                         c10::string_view casting_mode, bool weight_grad) {
     refuse_forward_ad(kOp, dy, x, tensor_or_undefined(weight));
     at::Tensor dx, dw;
     {
         at::AutoDispatchBelowADInplaceOrView below_autograd;
-        std::tie(dx, dw) = rms_norm_bwd_op().call(dy, x, weight, inv_rms, offset, casting_mode);
+        std::tie(dx, dw) = rms_norm_bwd_op().call(dy, x, weight, inv_rms, offset, casting_mode, weight_grad);
     }
     refuse_double_backward(kNotTwice, {dx, dw}, dy, x, weight);
     return {dx, dw};
@@ -357,11 +369,12 @@ TORCH_LIBRARY_FRAGMENT(opsmith, m) {
     m.set_python_module("opsmith.ops.rms_norm");
     m.def("rms_norm_fwd(Tensor x, Tensor? weight, float? eps=None, float offset=0., str casting_mode=\"none\", "
           "ScalarType? out_dtype=None, bool inplace_backward=False) -> (Tensor y, Tensor inv_rms)");
+    // weight_grad=False: dweight is not computed (shape [0]), for a weight that needs no gradient
     m.def("rms_norm_bwd(Tensor dy, Tensor x, Tensor? weight, Tensor inv_rms, float offset=0., "
-          "str casting_mode=\"none\") -> (Tensor dx, Tensor dweight)");
+          "str casting_mode=\"none\", bool weight_grad=True) -> (Tensor dx, Tensor dweight)");
     // dx written over dy
     m.def("rms_norm_bwd_(Tensor(a!) dy, Tensor x, Tensor? weight, Tensor inv_rms, float offset=0., "
-          "str casting_mode=\"none\") -> Tensor dweight");
+          "str casting_mode=\"none\", bool weight_grad=True) -> Tensor dweight");
 }
 
 TORCH_LIBRARY_IMPL(opsmith, CPU, m) {

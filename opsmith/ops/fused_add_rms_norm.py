@@ -35,7 +35,8 @@ def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
     ``casting_mode="llama"`` and a float32 weight, float32). weight is x's
     dtype or float32 with 16-bit x. The backward takes the gradients of y and
     h (either may be absent) and gives x and residual the same gradient,
-    ``rms_norm_backward(dy; h) + dh``, and the weight its own. Double backward
+    ``rms_norm_backward(dy; h) + dh``, and the weight its own (skipped for a
+    weight that gets no gradient: frozen, or not asked for). Double backward
     and forward-mode AD raise."""
     _check_mode(casting_mode)
     if out_dtype is None:
@@ -76,9 +77,10 @@ def _fwd_fake(x, residual, weight, eps=1e-6, offset=0.0, casting_mode="none", ou
 
 
 @torch.library.register_fake("opsmith::fused_add_rms_norm_bwd")
-def _bwd_fake(dy, dh, h, weight, inv_rms, offset=0.0, casting_mode="none"):
+def _bwd_fake(dy, dh, h, weight, inv_rms, offset=0.0, casting_mode="none", weight_grad=True):
+    # dweight has shape [0] when its gradient is not asked for
     return (torch.empty(h.shape, dtype=h.dtype, device=h.device),
-            torch.empty((h.shape[-1],), dtype=weight.dtype, device=h.device))
+            torch.empty((h.shape[-1] if weight_grad else 0,), dtype=weight.dtype, device=h.device))
 
 
 @torch.library.register_fake("opsmith::fused_add_rms_norm_")
@@ -89,8 +91,9 @@ def _inplace_fake(x, residual, weight, eps=1e-6, offset=0.0, casting_mode="none"
 
 # --- vmap rules --------------------------------------------------------------------
 # Row-local, as rms_norm: a batch dim of the row tensors is more rows, so an
-# unbatched weight makes one call; a batched weight, or the backward (its
-# weight gradient is a per-example sum over rows), loops over the batch.
+# unbatched weight makes one call; a batched weight, or the backward of a
+# weight that needs its gradient (a per-example sum over rows), loops over
+# the batch.
 
 
 @torch.library.register_vmap("opsmith::fused_add_rms_norm_fwd")
@@ -111,9 +114,15 @@ def _fwd_vmap(info, in_dims, x, residual, weight, eps=1e-6, offset=0.0, casting_
 
 
 @torch.library.register_vmap("opsmith::fused_add_rms_norm_bwd")
-def _bwd_vmap(info, in_dims, dy, dh, h, weight, inv_rms, offset=0.0, casting_mode="none"):
-    out = _vmap.loop(info.batch_size, in_dims[:5],
-                lambda a, b, c, d, e: _bwd(a, b, c, d, e, offset, casting_mode), (dy, dh, h, weight, inv_rms))
+def _bwd_vmap(info, in_dims, dy, dh, h, weight, inv_rms, offset=0.0, casting_mode="none", weight_grad=True):
+    b = info.batch_size
+    if not weight_grad and in_dims[3] is None:
+        args = [_vmap.to_front(t, d, b) for t, d in zip((dy, dh, h, inv_rms), in_dims[:3] + in_dims[4:5])]
+        dx, dweight = _bwd(args[0], args[1], args[2], weight, args[3], offset, casting_mode, False)
+        return (dx, dweight), (0, None)
+    out = _vmap.loop(b, in_dims[:5],
+                     lambda a, c, d, e, f: _bwd(a, c, d, e, f, offset, casting_mode, weight_grad),
+                     (dy, dh, h, weight, inv_rms))
     return out, (0, 0)
 
 
@@ -159,10 +168,13 @@ class FusedAddRMSNormFunction(torch.autograd.Function):
         h, weight, inv_rms = ctx.saved_tensors
         if dy is None and dh is None:
             return None, None, None, None, None, None, None
+        weight_grad = ctx.needs_input_grad[2]
         if dy is None:
             dx, dweight = dh, None
         else:
-            dx, dweight = _pybind().fused_add_rms_norm_bwd(dy, dh, h, weight, inv_rms, *ctx.options)
+            dx, dweight = _pybind().fused_add_rms_norm_bwd(dy, dh, h, weight, inv_rms, *ctx.options, weight_grad)
+            if not weight_grad:
+                dweight = None
         # the same gradient for x and residual (autograd copies before accumulating into a leaf)
         return dx, dx, dweight, None, None, None, None
 

@@ -31,7 +31,9 @@ def layer_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None,
     under CUDA autocast, float32 (layer_norm is on autocast's float32 list).
     Sums run in float32 (float64 for float64 x). Autograd is registered in
     C++ (csrc/torch): first-order gradients, torch.func.grad and vjp; double
-    backward and forward-mode AD raise."""
+    backward and forward-mode AD raise. A weight or bias that gets no
+    gradient (frozen, or not asked for by ``torch.autograd.grad``) costs no
+    column sums in the backward."""
     return _layer_norm_fwd(x, weight, bias, eps)[0]
 
 
@@ -55,20 +57,21 @@ def _layer_norm_fwd_fake(x, weight, bias, eps=1e-5):
 
 
 @torch.library.register_fake("opsmith::layer_norm_bwd")
-def _layer_norm_bwd_fake(dy, x, weight, bias, mean, rstd):
+def _layer_norm_bwd_fake(dy, x, weight, bias, mean, rstd, weight_grad=True, bias_grad=True):
     pd = _param_dtype(x, weight, bias)
     n = x.shape[-1]
     dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    dweight = torch.empty((n if weight is not None else 0,), dtype=pd, device=x.device)
-    dbias = torch.empty((n if bias is not None else 0,), dtype=pd, device=x.device)
+    # shape [0] for a parameter that is absent or whose gradient is not asked for
+    dweight = torch.empty((n if weight is not None and weight_grad else 0,), dtype=pd, device=x.device)
+    dbias = torch.empty((n if bias is not None and bias_grad else 0,), dtype=pd, device=x.device)
     return dx, dweight, dbias
 
 
 # --- vmap rules --------------------------------------------------------------------
 # Row-local like rms_norm: a batch dim of x (dy, mean, rstd) is more rows, so
 # a batched x with unbatched parameters is one call. Batched parameters, or a
-# backward with parameter gradients (per-example sums over rows), loop over
-# the batch and stack.
+# backward that computes parameter gradients (per-example sums over rows),
+# loop over the batch and stack.
 
 
 @torch.library.register_vmap("opsmith::layer_norm_fwd")
@@ -84,14 +87,18 @@ def _layer_norm_fwd_vmap(info, in_dims, x, weight, bias, eps=1e-5):
 
 
 @torch.library.register_vmap("opsmith::layer_norm_bwd")
-def _layer_norm_bwd_vmap(info, in_dims, dy, x, weight, bias, mean, rstd):
-    dy_bdim, x_bdim, w_bdim, b_bdim, m_bdim, r_bdim = in_dims
-    if weight is None and bias is None:
+def _layer_norm_bwd_vmap(info, in_dims, dy, x, weight, bias, mean, rstd, weight_grad=True, bias_grad=True):
+    dy_bdim, x_bdim, w_bdim, b_bdim, m_bdim, r_bdim = in_dims[:6]
+    sums = (weight is not None and weight_grad) or (bias is not None and bias_grad)
+    if not sums and w_bdim is None and b_bdim is None:
+        # no per-example parameter gradient: the batch is more rows, one call
         b = info.batch_size
-        dx, dw, db = _layer_norm_bwd(_vmap.to_front(dy, dy_bdim, b), _vmap.to_front(x, x_bdim, b), None, None,
-                                     _vmap.to_front(mean, m_bdim, b), _vmap.to_front(rstd, r_bdim, b))
+        dx, dw, db = _layer_norm_bwd(_vmap.to_front(dy, dy_bdim, b), _vmap.to_front(x, x_bdim, b), weight, bias,
+                                     _vmap.to_front(mean, m_bdim, b), _vmap.to_front(rstd, r_bdim, b),
+                                     weight_grad, bias_grad)
         return (dx, dw, db), (0, None, None)
-    out = _vmap.loop(info.batch_size, in_dims, _layer_norm_bwd, (dy, x, weight, bias, mean, rstd))
+    out = _vmap.loop(info.batch_size, in_dims[:6],
+                     lambda *a: _layer_norm_bwd(*a, weight_grad, bias_grad), (dy, x, weight, bias, mean, rstd))
     return out, (0, 0, 0)
 
 
@@ -130,8 +137,10 @@ class LayerNormFunction(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def _backward(ctx, dy):
         x, weight, bias, mean, rstd = ctx.saved_tensors
-        dx, dweight, dbias = _pybind().layer_norm_bwd(dy, x, weight, bias, mean, rstd)
-        return dx, (dweight if weight is not None else None), (dbias if bias is not None else None), None
+        weight_grad = weight is not None and ctx.needs_input_grad[1]
+        bias_grad = bias is not None and ctx.needs_input_grad[2]
+        dx, dweight, dbias = _pybind().layer_norm_bwd(dy, x, weight, bias, mean, rstd, weight_grad, bias_grad)
+        return dx, (dweight if weight_grad else None), (dbias if bias_grad else None), None
 
 
 PYBIND_TRANSFORM_ERROR = ("opsmith.pybind.layer_norm: route A does not support torch.func transforms "

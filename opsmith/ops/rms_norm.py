@@ -60,7 +60,10 @@ def rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: Option
       residual ``y + x`` that passes its gradient on unchanged).
 
     Autograd is registered in C++ (csrc/torch): first-order gradients,
-    torch.func.grad and vjp; double backward and forward-mode AD raise."""
+    torch.func.grad and vjp; double backward and forward-mode AD raise. A
+    weight that gets no gradient (frozen, as in LoRA fine-tuning, or not
+    asked for by ``torch.autograd.grad``) costs no column sums in the
+    backward."""
     if casting_mode not in CASTING_MODES:
         raise ValueError(f"rms_norm: casting_mode must be 'none', 'llama' or 'gemma', got {casting_mode!r}")
     if out_dtype is None:
@@ -84,20 +87,20 @@ def _rms_norm_fwd_fake(x, weight, eps=None, offset=0.0, casting_mode="none", out
     return y, inv_rms
 
 
-def _dweight_fake(x, weight):
-    if weight is None:
-        return torch.empty((0,), dtype=x.dtype, device=x.device)
-    return torch.empty((x.shape[-1],), dtype=weight.dtype, device=x.device)
+def _dweight_fake(x, weight, weight_grad):
+    # shape [0] when there is no weight or its gradient is not asked for
+    n = x.shape[-1] if weight is not None and weight_grad else 0
+    return torch.empty((n,), dtype=x.dtype if weight is None else weight.dtype, device=x.device)
 
 
 @torch.library.register_fake("opsmith::rms_norm_bwd")
-def _rms_norm_bwd_fake(dy, x, weight, inv_rms, offset=0.0, casting_mode="none"):
-    return torch.empty(x.shape, dtype=x.dtype, device=x.device), _dweight_fake(x, weight)
+def _rms_norm_bwd_fake(dy, x, weight, inv_rms, offset=0.0, casting_mode="none", weight_grad=True):
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device), _dweight_fake(x, weight, weight_grad)
 
 
 @torch.library.register_fake("opsmith::rms_norm_bwd_")
-def _rms_norm_bwd_inplace_fake(dy, x, weight, inv_rms, offset=0.0, casting_mode="none"):
-    return _dweight_fake(x, weight)
+def _rms_norm_bwd_inplace_fake(dy, x, weight, inv_rms, offset=0.0, casting_mode="none", weight_grad=True):
+    return _dweight_fake(x, weight, weight_grad)
 
 
 # --- vmap rules --------------------------------------------------------------------
@@ -130,15 +133,17 @@ def _rms_norm_fwd_vmap(info, in_dims, x, weight, eps=None, offset=0.0, casting_m
 
 
 @torch.library.register_vmap("opsmith::rms_norm_bwd")
-def _rms_norm_bwd_vmap(info, in_dims, dy, x, weight, inv_rms, offset=0.0, casting_mode="none"):
+def _rms_norm_bwd_vmap(info, in_dims, dy, x, weight, inv_rms, offset=0.0, casting_mode="none", weight_grad=True):
     dy_bdim, x_bdim, w_bdim, inv_bdim = in_dims[:4]
-    if weight is None:
+    if (weight is None or not weight_grad) and w_bdim is None:
+        # no per-example weight gradient: the batch is more rows, one call
         b = info.batch_size
-        dx, dweight = _rms_norm_bwd(_vmap.to_front(dy, dy_bdim, b), _vmap.to_front(x, x_bdim, b), None,
-                                    _vmap.to_front(inv_rms, inv_bdim, b), offset, casting_mode)
+        dx, dweight = _rms_norm_bwd(_vmap.to_front(dy, dy_bdim, b), _vmap.to_front(x, x_bdim, b), weight,
+                                    _vmap.to_front(inv_rms, inv_bdim, b), offset, casting_mode, weight_grad)
         return (dx, dweight), (0, None)
     out = _vmap.loop(info.batch_size, (dy_bdim, x_bdim, w_bdim, inv_bdim),
-                lambda a, b, c, d: _rms_norm_bwd(a, b, c, d, offset, casting_mode), (dy, x, weight, inv_rms))
+                     lambda a, b, c, d: _rms_norm_bwd(a, b, c, d, offset, casting_mode, weight_grad),
+                     (dy, x, weight, inv_rms))
     return out, (0, 0)
 
 
@@ -179,8 +184,9 @@ class RMSNormFunction(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def _backward(ctx, dy):
         x, weight, inv_rms = ctx.saved_tensors
-        dx, dweight = _pybind().rms_norm_bwd(dy, x, weight, inv_rms, *ctx.options)
-        return dx, (dweight if weight is not None else None), None, None, None, None
+        weight_grad = weight is not None and ctx.needs_input_grad[1]
+        dx, dweight = _pybind().rms_norm_bwd(dy, x, weight, inv_rms, *ctx.options, weight_grad)
+        return dx, (dweight if weight_grad else None), None, None, None, None
 
 
 PYBIND_TRANSFORM_ERROR = ("opsmith.pybind.rms_norm: route A does not support torch.func transforms "
