@@ -130,8 +130,11 @@ class _NormRecompute:
                 self.y = self.norm(self.module, self.x)
         y = self.y
         self.unpacked += 1
-        if self.unpacked >= self.packed:  # every saved use unpacked: the next backward makes it again
+        if self.unpacked >= self.packed:
+            # every saved use unpacked: dropped, and a next backward through
+            # the same graph (retain_graph) makes it again, once for its uses
             self.y = None
+            self.unpacked = 0
         return y
 
 

@@ -284,6 +284,35 @@ def test_norm_recompute_keeps_an_output_changed_in_place(restore_modeling):
     assert_same_training(*models, ids, labels, rtol=0, atol=0)
 
 
+def test_norm_recompute_once_a_backward_with_retain_graph(restore_modeling):
+    """A graph run backward twice (retain_graph): each backward makes each
+    norm output again once for all its saved uses, and the second gives the
+    first's gradients."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class NormForwards(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            NormForwards.count += func is torch.ops.opsmith.rms_norm_fwd.default
+            return func(*args, **(kwargs or {}))
+
+    model = hf.patch(build("llama", torch.float32, "cpu"))
+    ids, labels = batch(model, "cpu")
+    params = [p for p in model.parameters()]
+    loss = model(input_ids=ids, labels=labels).loss
+    counts, grads = [], []
+    for _ in range(2):
+        NormForwards.count = 0
+        with NormForwards():
+            grads.append(torch.autograd.grad(loss, params, retain_graph=True))
+        counts.append(NormForwards.count)
+    layers = model.config.num_hidden_layers
+    assert counts == [2 * layers, 2 * layers]  # input and post-attention norms, once each
+    for a, b in zip(*grads):
+        assert torch.equal(a, b)
+
+
 def test_norm_recompute_under_torch_func_grad(restore_modeling):
     """torch.func transforms disable saved-tensor hooks: the layers take the
     usual path there, and the gradients are the unpatched model's."""
