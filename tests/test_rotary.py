@@ -252,6 +252,58 @@ def test_hf_drop_in_keeps_the_projections_order(device):
         opsmith.apply_rotary_pos_emb(hq[0], hq[0], cos, sin)
 
 
+ENTRIES = {
+    "apply_rotary": lambda q, k, cos, sin, layout: opsmith.apply_rotary(q, k, cos, sin, layout=layout),
+    "pybind": lambda q, k, cos, sin, layout: opsmith.pybind.apply_rotary(q, k, cos, sin, layout=layout),
+    "k None": lambda q, k, cos, sin, layout: (opsmith.apply_rotary(q, None, cos, sin, layout=layout)[0], None),
+}
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+def test_outputs_keep_the_inputs_memory_order(entry, layout, device):
+    # q and k whose memory is in the other layout's order (for "bhsd",
+    # q_proj(h).view(B, S, H, D).transpose(1, 2); for "bshd", [B, H, S, D]
+    # memory transposed): the outputs keep that order, the gradients too, and
+    # the bits equal those of the same values given contiguous
+    gen = torch.Generator().manual_seed(21)
+    B, S, H, Hk, D = 2, 6, 4, 2, 16
+    q_mem = torch.randn(B, S, H, D, generator=gen).to(device) if layout == "bhsd" else \
+        torch.randn(B, H, S, D, generator=gen).to(device)
+    k_mem = torch.randn(B, S, Hk, D, generator=gen).to(device) if layout == "bhsd" else \
+        torch.randn(B, Hk, S, D, generator=gen).to(device)
+    q_mem.requires_grad_()
+    k_mem.requires_grad_()
+    q, k = q_mem.transpose(1, 2), k_mem.transpose(1, 2)
+    cos, sin = angles(B, S, D, device, gen=gen)
+    q_out, k_out = ENTRIES[entry](q, k, cos, sin, layout)
+    close(q_out, reference(q.detach(), cos, sin, layout=layout), torch.float32, "q")
+    assert q_out.stride() == q.stride()
+    q2, k2 = ENTRIES[entry](q.detach().contiguous(), k.detach().contiguous(), cos, sin, layout)
+    assert q2.is_contiguous() and torch.equal(q2, q_out)
+    outs, mems, dys = [q_out], [q_mem], [torch.randn(q_mem.shape, generator=gen).to(device).transpose(1, 2)]
+    if k_out is not None:
+        close(k_out, reference(k.detach(), cos, sin, layout=layout), torch.float32, "k")
+        assert k_out.stride() == k.stride() and torch.equal(k2, k_out)
+        outs.append(k_out), mems.append(k_mem)
+        dys.append(torch.randn(k_mem.shape, generator=gen).to(device).transpose(1, 2))
+    grads = torch.autograd.grad(outs, mems, dys)
+    for g, m, dy in zip(grads, mems, dys):
+        assert g.is_contiguous()  # as the memory it flows back to
+        want = torch.autograd.grad(reference(m.transpose(1, 2), cos, sin, layout=layout), m, dy.double())[0]
+        close(g, want, torch.float32, "gradient")
+
+
+def test_memory_order_path_keeps_the_callers_layout_in_errors():
+    # a k that does not fit q: the message names the layout passed, not the
+    # one the memory order would have used
+    q = torch.randn(2, 6, 4, 16).transpose(1, 2)
+    k = torch.randn(2, 5, 2, 16).transpose(1, 2)
+    cos, sin = angles(2, 6, 16, "cpu")
+    with pytest.raises(RuntimeError, match="layout 'bhsd'"):
+        opsmith.apply_rotary(q, k, cos, sin)
+
+
 def test_gqa_and_k_gradient_only(device):
     gen = torch.Generator().manual_seed(5)
     q = torch.randn(2, 8, 3, 16, generator=gen).to(device).requires_grad_()

@@ -34,6 +34,35 @@ def _check_layout(layout):
         raise RuntimeError(f"rotary: layout must be 'bhsd' or 'bshd', got {layout!r}")
 
 
+def _memory_order(q, k, layout):
+    """The layout q and k are laid out in memory when it is the other one
+    (q_proj(h).view(B, S, H, D).transpose(1, 2) passed as "bhsd", or
+    [B, H, S, D] memory passed as "bshd"), else None. Rotated as that layout
+    (on the transposed views), the outputs keep the inputs' memory order, and
+    so do the gradients coming back: the projection's backward then reads
+    them as a view of [B * S, H * D] instead of copying them. Only where the
+    call is otherwise valid, so an error names the layout the caller gave."""
+    if q.dim() != 4 or q.stride(3) != 1 or q.size(1) == 1 or q.size(2) == 1 or q.stride(1) >= q.stride(2):
+        return None
+    if k is not None:
+        sdim = 2 if layout == "bhsd" else 1
+        if k.dim() != 4 or k.stride(3) != 1 or k.size(0) != q.size(0) or k.size(sdim) != q.size(sdim) \
+                or k.size(3) != q.size(3) or (k.size(1) > 1 and k.size(2) > 1 and k.stride(1) >= k.stride(2)):
+            return None
+    return "bshd" if layout == "bhsd" else "bhsd"
+
+
+def _rotate(fwd, q, k, cos, sin, position_ids, interleaved, rotary_dim, layout):
+    """fwd(q, k, ...) -> (q_out, k_out), run in the inputs' memory order."""
+    order = _memory_order(q, k, layout)
+    if order is None:
+        q_out, k_out = fwd(q, k, cos, sin, position_ids, interleaved, rotary_dim, layout)
+        return q_out, (k_out if k is not None else None)
+    q_out, k_out = fwd(q.transpose(1, 2), k.transpose(1, 2) if k is not None else None, cos, sin, position_ids,
+                       interleaved, rotary_dim, order)
+    return q_out.transpose(1, 2), (k_out.transpose(1, 2) if k is not None else None)
+
+
 # --- route B: the functional API -------------------------------------------------
 
 def apply_rotary(q: torch.Tensor, k: Optional[torch.Tensor], cos: torch.Tensor, sin: torch.Tensor,
@@ -45,7 +74,10 @@ def apply_rotary(q: torch.Tensor, k: Optional[torch.Tensor], cos: torch.Tensor, 
     q is ``[B, Hq, S, D]`` (layout "bhsd") or ``[B, S, Hq, D]`` ("bshd"), k
     the same with its own head count (grouped-query attention) or None (then
     k_out is None). Any strides with a contiguous last dim, such as views into
-    a fused qkv projection, are read in place.
+    a fused qkv projection, are read in place. The outputs keep the inputs'
+    memory order: q given as ``q_proj(h).view(B, S, H, D).transpose(1, 2)``
+    (layout "bhsd") gives q_out of the same strides, so the gradient reaching
+    q_proj needs no copy.
 
     cos/sin: ``[S, R]`` or ``[B, S, R]`` (Hugging Face's, from
     LlamaRotaryEmbedding), or with ``position_ids`` (int64 ``[B, S]`` or
@@ -63,8 +95,7 @@ def apply_rotary(q: torch.Tensor, k: Optional[torch.Tensor], cos: torch.Tensor, 
     if inplace:
         _inplace(q, k, cos, sin, position_ids, interleaved, rotary_dim, layout)
         return q, k
-    q_out, k_out = _fwd(q, k, cos, sin, position_ids, interleaved, rotary_dim, layout)
-    return q_out, (k_out if k is not None else None)
+    return _rotate(_fwd, q, k, cos, sin, position_ids, interleaved, rotary_dim, layout)
 
 
 def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -85,17 +116,9 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, si
         q, k = q.to(dtype), k.to(dtype)
     if cos.dtype != dtype and not (cos.dtype == torch.float32 and dtype in (torch.float16, torch.bfloat16)):
         cos, sin = cos.to(dtype), sin.to(dtype)
-    if layout == "bhsd" and q.dim() == 4 and k.dim() == 4 and q.transpose(1, 2).is_contiguous() \
-            and k.transpose(1, 2).is_contiguous():
-        # q_proj(h).view(B, S, H, D).transpose(1, 2), as Hugging Face builds
-        # q and k: rotated in their [B, S, H, D] order, the outputs keep it
-        # (as Hugging Face's elementwise rotation does), and so do the
-        # gradients coming back, which q_proj's backward then reads as a view
-        # of [B * S, H * D] instead of copying a [B, H, S, D] one
-        q_out, k_out = _fwd(q.transpose(1, 2), k.transpose(1, 2), cos, sin, None, False, None, "bshd")
-        return q_out.transpose(1, 2), k_out.transpose(1, 2)
-    q_out, k_out = _fwd(q, k, cos, sin, None, False, None, layout)
-    return q_out, k_out
+    # q_proj(h).view(B, S, H, D).transpose(1, 2), as Hugging Face builds q
+    # and k: the outputs keep that order, as its elementwise rotation does
+    return _rotate(_fwd, q, k, cos, sin, None, False, None, layout)
 
 
 # --- fake kernels ------------------------------------------------------------------
@@ -204,8 +227,7 @@ def apply_rotary_pybind(q, k, cos, sin, position_ids=None, *, interleaved=False,
                                "use inplace=False")
         _pybind().rotary_(q, k, cos, sin, position_ids, interleaved, rotary_dim, layout)
         return q, k
-    q_out, k_out = RotaryFunction.apply(q, k, cos, sin, position_ids, interleaved, rotary_dim, layout)
-    return q_out, (k_out if k is not None else None)
+    return _rotate(RotaryFunction.apply, q, k, cos, sin, position_ids, interleaved, rotary_dim, layout)
 
 
 # --- cos/sin like Hugging Face's LlamaRotaryEmbedding ----------------------------------
