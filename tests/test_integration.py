@@ -2,7 +2,8 @@
 float64, double backward (gradgradcheck, or the declared error), torch.func
 transforms (grad, vjp, jvp, vmap: compared with the reference, or the declared
 error), route A under transforms, torch.compile(fullgraph=True) forward and
-backward. A harness that does not apply to a kind of op is not generated."""
+backward, torch.export (and one AOTInductor package). A harness that does not
+apply to a kind of op is not generated."""
 import pytest
 import torch
 
@@ -327,3 +328,59 @@ def test_compile_fullgraph(spec, device, backend):
     for k in grads_c:
         assert_close(grads_c[k], grads_e[k], grad_tol(spec, k, tol), f"compiled grad {k}")
     torch._dynamo.reset()
+
+
+# =============================================================================
+# torch.export (deployment): the exported program keeps the op itself and
+# computes the same bits; AOTInductor compiles and loads one
+# =============================================================================
+
+
+def _exportable(spec, device):
+    gen = generator()
+    inputs = spec.make_inputs((4, 8, 96), torch.float32, device, gen)
+    keys = [k for k, v in inputs.items() if isinstance(v, torch.Tensor)]
+
+    class Program(torch.nn.Module):
+        def forward(self, *tensors):
+            args = dict(inputs)
+            args.update(zip(keys, tensors))
+            for k in spec.mutated_inputs:  # the op's own copy: the program's inputs stay as they were
+                args[k] = args[k].clone()
+            return as_tuple(spec, spec.call(args))
+
+    return Program(), tuple(inputs[k].detach() for k in keys)
+
+
+def _same(got, want, what):
+    assert len(got) == len(want), what
+    for g, w in zip(got, want):
+        assert (g is None) == (w is None), what
+        if g is not None:
+            assert g.dtype == w.dtype and g.shape == w.shape and torch.equal(g, w), what
+
+
+@pytest.mark.parametrize("spec", op_params(lambda s: s.native and not s.list_inputs))
+def test_export(spec, device):
+    program, tensors = _exportable(spec, device)
+    exported = torch.export.export(program, tensors)
+    ops = {n.target.name() for n in exported.graph.nodes
+           if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)}
+    assert any(name.startswith("opsmith::") for name in ops), f"{spec.name}: no opsmith op in {sorted(ops)}"
+    _same(tuple(exported.module()(*tensors)), tuple(program(*tensors)), f"{spec.name}: exported")
+
+
+def test_aot_inductor_package(tmp_path):
+    # a model with an opsmith norm compiled ahead of time (C++ codegen, ~35 s
+    # on 2 cores) and loaded back: the package calls the op through the
+    # dispatcher, so `import opsmith` before loading it is all it needs
+    import opsmith
+
+    model = torch.nn.Sequential(opsmith.nn.RMSNorm(64), torch.nn.Linear(64, 32))
+    x = torch.randn(5, 64)
+    exported = torch.export.export(model, (x,))
+    path = torch._inductor.aoti_compile_and_package(exported, package_path=str(tmp_path / "model.pt2"))
+    loaded = torch._inductor.aoti_load_package(path)
+    with torch.no_grad():
+        want = model(x)
+    torch.testing.assert_close(loaded(x), want, rtol=1e-6, atol=1e-6)
