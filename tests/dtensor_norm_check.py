@@ -54,6 +54,14 @@ def main():
                       (x.grad.full_tensor() - xr.grad).abs().max().item(),
                       (w.grad.full_tensor() - wr.grad).abs().max().item())
             results[f"{name}/{label}"] = {"max_err": err, "y_placement": str(y.placements[0])}
+            # a frozen weight: the backward skips its sums (a [0] dweight on
+            # the DTensor path too), x's gradient the same, the weight none
+            x = distribute_tensor(x_full, mesh, [placement]).requires_grad_()
+            w = distribute_tensor(w_full, mesh, [Replicate()])
+            y = call(x, w)
+            y.backward(distribute_tensor(dy_full, mesh, [y.placements[0]]))
+            err = (x.grad.full_tensor() - xr.grad).abs().max().item() if w.grad is None else float("inf")
+            results[f"{name}/{label}/frozen"] = {"max_err": err, "y_placement": str(y.placements[0])}
     if dist.get_rank() == 0:
         print(json.dumps(results), flush=True)
     dist.barrier()

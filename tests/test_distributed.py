@@ -126,9 +126,10 @@ def test_norms_on_dtensors():
     assert len(lines) == 1, proc.stdout
     results = json.loads(lines[0])
     assert {"rms_norm/rows", "rms_norm/hidden", "rms_norm_gemma/seq", "layer_norm/rows", "layer_norm/hidden",
-            "fused_add_rms_norm/rows", "fused_add_rms_norm/seq", "fused_add_rms_norm/hidden"} <= set(results)
+            "fused_add_rms_norm/rows", "fused_add_rms_norm/seq", "fused_add_rms_norm/hidden",
+            "rms_norm/rows/frozen", "layer_norm/hidden/frozen", "fused_add_rms_norm/seq/frozen"} <= set(results)
     for case, r in results.items():
         assert r["max_err"] <= 1e-10, f"{case}: max error {r['max_err']}"
-        if case.endswith(("/rows", "/seq")):
+        if case.endswith(("/rows", "/seq", "/rows/frozen", "/seq/frozen")):
             # row-sharded: computed where the rows are, no gather
             assert r["y_placement"].startswith(("S(", "Shard")), f"{case}: output {r['y_placement']}"
