@@ -314,6 +314,32 @@ def test_inplace_grad(device):
         other.backward()
 
 
+@pytest.mark.parametrize("autocast", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_float32_class_weight_beside_16bit_logits(device, dtype, autocast):
+    # a class-weight buffer kept in float32 (as under autocast, where
+    # PyTorch's nll_loss runs in float32): read as it is, not rounded to the
+    # logits' dtype, for the loss and the gradient
+    x, t, _ = make(16, 40, dtype, device)
+    w = (0.5 + torch.rand(40, device=device)) * (1 + 2 ** -10)  # bits below 16-bit precision
+    x.requires_grad_()
+    with torch.autocast(device, dtype=dtype, enabled=autocast):
+        loss = cross_entropy(x, t, w, label_smoothing=0.1)
+        pybind_loss = cross_entropy_pybind(x, t, w, label_smoothing=0.1)
+    want, xd = torch_reference(x, t, w, label_smoothing=0.1)
+    assert_close(loss, want, dtype, "loss")
+    assert torch.equal(loss, pybind_loss)
+    (g,) = torch.autograd.grad(loss, x)
+    (gw,) = torch.autograd.grad(want, xd)
+    assert_grad_close(g, gw, dtype, "grad")
+    # against the weight rounded to the logits' dtype: not the same (it was not rounded)
+    rounded = cross_entropy(x.detach(), t, w.to(dtype), label_smoothing=0.1, reduction="none")
+    assert not torch.equal(cross_entropy(x.detach(), t, w, label_smoothing=0.1, reduction="none"), rounded)
+    with pytest.raises(RuntimeError, match=r"weight must have logits' dtype \((BFloat16|Half)\) or float32, got Double"):
+        cross_entropy(x, t, w.double())
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_errors_name_the_argument(device):
     x, t, w = make(4, 8, torch.float32, device, ignore_frac=0.0)

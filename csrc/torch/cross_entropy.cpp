@@ -59,8 +59,13 @@ Checked check_fwd(const at::Tensor &logits, const at::Tensor &target, const std:
     at::Tensor w;
     if (weight.has_value() && weight->defined()) {
         check_same_device(*weight, logits, kOp, "weight");
-        TORCH_CHECK(weight->scalar_type() == logits.scalar_type(), kOp, ": weight must have logits' dtype (",
-                    logits.scalar_type(), "), got ", weight->scalar_type());
+        // a float32 weight beside 16-bit logits (a class-weight buffer kept in
+        // float32 under autocast) is read as it is: the kernels take it in
+        // the accumulate type anyway
+        const at::ScalarType acc = accumulate_type(logits);
+        TORCH_CHECK(weight->scalar_type() == logits.scalar_type() || weight->scalar_type() == acc, kOp,
+                    ": weight must have logits' dtype (", logits.scalar_type(), ")",
+                    acc != logits.scalar_type() ? " or float32" : "", ", got ", weight->scalar_type());
         TORCH_CHECK(weight->dim() == 1 && weight->size(0) == logits.size(1), kOp, ": weight must have shape [",
                     text(logits.size(1)), "] (one per class), got ", text(weight->sizes()));
         w = weight->to(accumulate_type(logits)).contiguous();

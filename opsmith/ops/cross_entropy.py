@@ -80,7 +80,7 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, weight: Optional[t
 
     logits ``[..., V]`` (float64, float32, float16, bfloat16; float32 math for
     16-bit), target ``[...]`` int64 class indices, weight ``[V]`` in logits'
-    dtype. ``z_loss`` adds ``z_loss * lse**2`` per token (reduced like the
+    dtype or, beside 16-bit logits, float32 (read unrounded). ``z_loss`` adds ``z_loss * lse**2`` per token (reduced like the
     loss; ``return_z_loss=True`` returns ``(loss, z_loss_part)``), ``softcap``
     applies ``softcap * tanh(logits / softcap)`` first (Gemma 2).
     ``inplace_grad=True`` writes the logit gradient over the logits' memory
