@@ -89,7 +89,9 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, weight: Optional[t
     CPU an IndexError naming the target; on CUDA that row's loss is NaN and a
     device-side flag records it, checked (one host synchronisation) when
     ``validate=True``. Every target ignored with reduction mean gives NaN, as
-    PyTorch."""
+    PyTorch. The loss has the logits' dtype, under autocast too (where
+    PyTorch's, computed through float32 log-probabilities, is float32): call
+    ``.float()`` on 16-bit logits' loss for a float32 value to log."""
     red = _reduction(reduction)
     cap = _softcap(softcap)
     if inplace_grad and logits.requires_grad and (logits.is_leaf or (logits._base is not None and logits._base.is_leaf)):
