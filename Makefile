@@ -55,7 +55,7 @@ CONFIG := build/config-cuda$(WITH_CUDA)
 $(CONFIG):
 	@mkdir -p build && rm -f build/config-cuda* && touch $@
 
-.PHONY: build lib so ext kernel-bench ctest ctest-sanitize pack-test example check-exports install-check cmake-example pytest new-op-check test demo bench clean env
+.PHONY: build lib so ext kernel-bench ctest ctest-sanitize pack-test example check-exports install-check cmake-example pytest new-op-check hf-compat test demo bench clean env
 
 build: ext
 	@touch build/READY
@@ -250,7 +250,27 @@ new-op-check: build
 	end=$$(date +%s) && \
 	echo "new-op-check: in-tree $$((mid - start)) s, out-of-tree $$((end - mid)) s"
 
-test: ctest ctest-sanitize pack-test example check-exports install-check cmake-example pytest new-op-check
+# --- Hugging Face patching on the other transformers the project meets: the
+# GPU machine's 5.17 (pytest above runs requirements-dev.txt's 5.23). It is
+# installed beside the environment (a --target folder read first on
+# PYTHONPATH, its own dependencies only where 5.17 needs others), and
+# tests/test_hf.py runs again on it; where 5.17 is the environment's own,
+# pytest has covered it already.
+HF_COMPAT_VERSION := 5.17.0
+HF_COMPAT := build/transformers-$(HF_COMPAT_VERSION)
+hf-compat: build
+	@if $(PYTHON) -c 'import sys, transformers; sys.exit(transformers.__version__ != "$(HF_COMPAT_VERSION)")' 2>/dev/null; then \
+	    echo "hf-compat: transformers $(HF_COMPAT_VERSION) is the environment's own: covered by pytest"; \
+	else \
+	    rm -rf $(HF_COMPAT) && \
+	    $(PYTHON) -m pip install -q --no-deps --target $(HF_COMPAT) transformers==$(HF_COMPAT_VERSION) \
+	        "huggingface-hub>=1.5,<2" httpx httpcore certifi sniffio && \
+	    PYTHONPATH=$(CURDIR)/$(HF_COMPAT) $(PYTHON) -c 'import transformers; \
+	        assert transformers.__version__ == "$(HF_COMPAT_VERSION)", transformers.__version__' && \
+	    PYTHONPATH=$(CURDIR)/$(HF_COMPAT) $(PYTHON) -m pytest -q -p no:cacheprovider tests/test_hf.py; \
+	fi
+
+test: ctest ctest-sanitize pack-test example check-exports install-check cmake-example pytest new-op-check hf-compat
 
 demo: build
 	$(PYTHON) -m opsmith demo
