@@ -622,7 +622,7 @@ template <typename T, typename W, typename A> Launch fwd_launch(int64_t rows, in
         return Launch{reinterpret_cast<const void *>(fwd_resident_kernel<T, W, A>(iters, true)), kWarpRowsBlock, 1,
                       0, blocks < kMaxGrid ? blocks : kMaxGrid, "warp"};
     }
-    const Resident res = resident_plan(steps, kFwdMinThreads, latency, latency ? kResidentIters : 4);
+    const Resident res = norm_fwd_resident(steps, latency, latency ? kResidentIters : 4);
     if (!res.iters) return kGeneric;
     const int64_t grid = rows < kMaxGrid ? rows : kMaxGrid;
     return Launch{reinterpret_cast<const void *>(fwd_resident_kernel<T, W, A>(res.iters, false)), res.threads, 1, 0,

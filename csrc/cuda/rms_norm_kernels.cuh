@@ -223,6 +223,7 @@ rms_norm_fwd_resident_kernel(int64_t rows, int64_t n, const T *__restrict__ x, i
     for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
         const T *xr = x + r * xs;
         Pack<T> xp[ITERS];
+        Pack<T> rp[ADD ? ITERS : 1]; /* the residual's packs */
         Elems<W, S> wp[ITERS];
         A sum_sq = 0;
         /* with few packs a thread (the plan for a short batch), the weight is
@@ -230,20 +231,24 @@ rms_norm_fwd_resident_kernel(int64_t rows, int64_t n, const T *__restrict__ x, i
          * of memory latency, not two; with many it would cost the registers
          * that keep more of x in flight, and it is an L1 hit later anyway */
         constexpr bool kWeightEarly = ITERS <= 2;
+        /* this loop only loads: each pack's load sits behind its own
+         * `i < steps` test, and math on a loaded pack inside that branch
+         * would wait for it before the next pack's load is issued (the
+         * residual's add did: four round trips a row at 4 packs a thread) */
         for_my_packs<ITERS>(steps, [&](int it, int64_t i) {
             xp[it] = load_pack(xr + i * S);
-            if constexpr (ADD) {
-                /* h = x + r rounded to T takes x's registers; no store comes
-                 * between the row's loads, so they all stay in flight */
-                const Pack<T> rp = load_pack(add.r + r * add.rs + i * S);
-#pragma unroll
-                for (int k = 0; k < S; k++) xp[it].v[k] = from_acc<T>(to_acc(xp[it].v[k]) + to_acc(rp.v[k]));
-            }
+            if constexpr (ADD) rp[it] = load_pack(add.r + r * add.rs + i * S);
             if (kWeightEarly && w) wp[it] = load_elems<W, S>(w + i * S);
         });
         for_my_packs<ITERS>(steps, [&](int it, int64_t i) {
-            if constexpr (ADD) store_pack(add.h + r * add.hs + i * S, xp[it]);
-            else (void)i;
+            if constexpr (ADD) {
+                /* h = x + r rounded to T takes x's registers */
+#pragma unroll
+                for (int k = 0; k < S; k++) xp[it].v[k] = from_acc<T>(to_acc(xp[it].v[k]) + to_acc(rp[it].v[k]));
+                store_pack(add.h + r * add.hs + i * S, xp[it]);
+            } else {
+                (void)i;
+            }
 #pragma unroll
             for (int k = 0; k < S; k++) {
                 const A v = to_acc(xp[it].v[k]);
@@ -625,7 +630,7 @@ template <typename K, bool ADD = false> Launch fwd_launch(int64_t rows, int64_t 
     if (n % vec != 0) return Launch{nullptr, 0, 0, 0, 0, "generic"};
     const bool latency = rows <= sm_count();
     const int max_iters = latency ? kResidentIters : ADD ? 2 : 4;
-    const Resident res = resident_plan(n / vec, kFwdMinThreads, latency, max_iters);
+    const Resident res = norm_fwd_resident(n / vec, latency, max_iters);
     if (res.iters) {
         const int64_t grid = rows < kMaxGrid ? rows : kMaxGrid;
         return Launch{reinterpret_cast<const void *>(fwd_resident_kernel<K, ADD>(res.iters)), res.threads, 1, 0, grid,
