@@ -414,9 +414,13 @@ rms_norm_bwd_resident_kernel(int64_t rows, int64_t n, const Y *__restrict__ dy, 
     }
     if (partial) {
         A *pr = partial + (int64_t)blockIdx.x * n;
+        /* a thread's S columns are adjacent in the partial row: 16-byte
+         * stores (one store a column had a warp's store span 32 sectors) */
         for_my_packs<ITERS>(steps, [&](int, int64_t i) {
+            Elems<A, S> v;
 #pragma unroll
-            for (int k = 0; k < S; k++) pr[i * S + k] = dw_sum[k * steps + i];
+            for (int k = 0; k < S; k++) v.v[k] = dw_sum[k * steps + i];
+            store_elems<A, S>(pr + i * S, v);
         });
     }
 }
@@ -516,7 +520,7 @@ rms_norm_bwd_staged_kernel(int64_t rows, int64_t n, const Y *__restrict__ dy, in
         A *pr = partial + sl.first * n + sl.col0;
         for_my_packs<ITERS>(sl.steps, [&](int it, int64_t i) {
 #pragma unroll
-            for (int k = 0; k < S; k++) pr[i * S + k] = dw[it][k];
+            for (int k = 0; k < S; k += 16 / (int)sizeof(A)) store16(pr + i * S + k, dw[it] + k);
         });
     }
     cluster.finish();
