@@ -164,8 +164,8 @@ env: $(PY_ENV)
 
 .venv/.installed: requirements-dev.txt
 	python3 -m venv .venv
-	.venv/bin/pip install -q --upgrade pip
-	.venv/bin/pip install -q -r requirements-dev.txt
+	.venv/bin/pip install -q --no-cache-dir --upgrade pip
+	.venv/bin/pip install -q --no-cache-dir -r requirements-dev.txt
 	@touch $@
 
 ext: build/ext.stamp
@@ -263,7 +263,7 @@ hf-compat: build
 	    echo "hf-compat: transformers $(HF_COMPAT_VERSION) is the environment's own: covered by pytest"; \
 	else \
 	    rm -rf $(HF_COMPAT) && \
-	    $(PYTHON) -m pip install -q --no-deps --target $(HF_COMPAT) transformers==$(HF_COMPAT_VERSION) \
+	    $(PYTHON) -m pip install -q --no-cache-dir --no-deps --target $(HF_COMPAT) transformers==$(HF_COMPAT_VERSION) \
 	        "huggingface-hub>=1.5,<2" httpx httpcore certifi sniffio && \
 	    PYTHONPATH=$(CURDIR)/$(HF_COMPAT) $(PYTHON) -c 'import transformers; \
 	        assert transformers.__version__ == "$(HF_COMPAT_VERSION)", transformers.__version__' && \
