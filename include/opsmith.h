@@ -70,12 +70,12 @@
 #define OPSMITH_API
 #endif
 
-#define OPSMITH_VERSION_MAJOR 2
+#define OPSMITH_VERSION_MAJOR 3
 #define OPSMITH_VERSION_MINOR 0
 #define OPSMITH_VERSION_PATCH 0
 /* Bumped only when a published declaration changes incompatibly; appending
  * functions or enum values keeps it. */
-#define OPSMITH_ABI_VERSION 2
+#define OPSMITH_ABI_VERSION 3
 
 /* Bytes a workspace pointer must be aligned to. */
 #define OPSMITH_WORKSPACE_ALIGNMENT 64

@@ -250,14 +250,14 @@ def causal_lm_loss(logits, labels, vocab_size: int, num_items_in_batch=None, ign
     """Hugging Face's ForCausalLMLoss through opsmith.cross_entropy: the same
     shift, flatten, ignore_index and num_items_in_batch handling, without the
     float32 copy of the logits (the kernel computes in float32). The loss is
-    computed in float32 and returned in the logits' dtype, as
-    F.cross_entropy gives on those logits (Hugging Face's own path upcasts
-    the logits first, so its bf16 models report a float32 loss)."""
+    float32, unrounded, as Hugging Face's own path gives (it upcasts the
+    logits first), and so is the sum divided by num_items_in_batch."""
     shift_labels = _shifted_labels(labels, ignore_index, shift_labels)
     logits = logits.reshape(-1, vocab_size)
     shift_labels = shift_labels.reshape(-1).to(logits.device)
     loss = opsmith.cross_entropy(logits, shift_labels, ignore_index=ignore_index,
-                                 reduction="sum" if num_items_in_batch is not None else "mean")
+                                 reduction="sum" if num_items_in_batch is not None else "mean",
+                                 loss_dtype=None if logits.dtype == torch.float64 else torch.float32)
     return _per_item(loss, num_items_in_batch)
 
 

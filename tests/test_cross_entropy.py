@@ -340,6 +340,115 @@ def test_float32_class_weight_beside_16bit_logits(device, dtype, autocast):
         cross_entropy(x, t, w.double())
 
 
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_loss_dtype_follows_autocast(device, dtype, reduction):
+    # PyTorch: 16-bit logits give a 16-bit loss, and under autocast (which
+    # runs cross_entropy in float32) a float32 one. opsmith gives the same
+    # dtypes, and the float32 loss is the kernel's value unrounded: held to
+    # float32's tolerance, which a loss rounded to 16 bits misses
+    x, t, w = make(64, 300, dtype, device, seed=3)
+    kw = dict(reduction=reduction, label_smoothing=0.1, z_loss=1e-3)
+    want, _ = torch_reference(x, t, w, reduction=reduction, label_smoothing=0.1)
+    plain, z_plain = cross_entropy(x, t, w, return_z_loss=True, **kw)
+    assert plain.dtype == z_plain.dtype == F.cross_entropy(x, t, w, reduction=reduction).dtype == dtype
+    with torch.autocast(device, dtype=dtype):
+        auto, z_auto = cross_entropy(x, t, w, return_z_loss=True, **kw)
+        assert F.cross_entropy(x, t, w, reduction=reduction).dtype == torch.float32
+        # asked for: the logits' dtype under autocast too
+        asked16 = cross_entropy(x, t, w, loss_dtype=dtype, **kw)
+        pybind_auto = cross_entropy_pybind(x, t, w, **kw)
+    assert auto.dtype == z_auto.dtype == pybind_auto.dtype == torch.float32 and asked16.dtype == dtype
+    explicit, z_explicit = cross_entropy(x, t, w, return_z_loss=True, loss_dtype=torch.float32, **kw)
+    assert torch.equal(auto, explicit) and torch.equal(z_auto, z_explicit) and torch.equal(auto, pybind_auto)
+    # the 16-bit loss is the float32 one rounded once
+    assert torch.equal(plain, auto.to(dtype)) and torch.equal(asked16, plain) and torch.equal(z_plain, z_auto.to(dtype))
+    z_want = 1e-3 * torch.logsumexp(x.double(), dim=-1) ** 2 * (t != -100)
+    z_want = z_want if reduction == "none" else z_want.sum() / ((w.double()[t.clamp(min=0)] * (t != -100)).sum()
+                                                               if reduction == "mean" else 1.0)
+    assert_close(auto, want + z_want, torch.float32, "float32 loss")
+    assert_close(z_auto, z_want, torch.float32, "float32 z-loss")
+    if reduction != "mean":  # (a mean of ~5 can round by chance to within float32's tolerance)
+        rounding = (plain.double().cpu() - (want + z_want).cpu()).abs().max().item()
+        assert rounding > TOL[torch.float32] * max(1.0, want.abs().max().item()), \
+            "the 16-bit loss should differ from the float64 reference by its rounding"
+
+
+@pytest.mark.parametrize("inplace_grad", [False, True])
+@pytest.mark.parametrize("device", DEVICES)
+def test_float32_loss_gradient(device, inplace_grad):
+    # the float32 loss's gradient flows back into the 16-bit logit gradient:
+    # an incoming 1 gives the very gradient of the 16-bit loss, another
+    # incoming gradient the float64 reference's within bf16
+    x, t, w = make(32, 200, torch.bfloat16, device, seed=5)
+    grads = []
+    for loss_dtype in (None, torch.float32):
+        xg = x.clone().requires_grad_()
+        head = xg * 1.0  # inplace_grad writes over a non-leaf, as the lm head's output
+        loss = cross_entropy(head, t, w, loss_dtype=loss_dtype, inplace_grad=inplace_grad)
+        assert loss.dtype == (torch.float32 if loss_dtype else torch.bfloat16)
+        (g,) = torch.autograd.grad(loss, xg)
+        assert g.dtype == torch.bfloat16
+        grads.append(g)
+    assert torch.equal(grads[0], grads[1])
+    xg = x.clone().requires_grad_()
+    loss = cross_entropy(xg, t, w, reduction="none", loss_dtype=torch.float32)
+    incoming = torch.rand(32, device=device) + 0.5
+    (g,) = torch.autograd.grad(loss, xg, incoming)
+    want, xd = torch_reference(x, t, w, reduction="none")
+    (gw,) = torch.autograd.grad(want, xd, incoming.double().cpu() if device == "cpu" else incoming.double())
+    assert_grad_close(g, gw, torch.bfloat16, "grad through a float32 loss")
+    # route A takes the float32 gradient as well
+    xa = x.clone().requires_grad_()
+    la = cross_entropy_pybind(xa, t, w, reduction="none", loss_dtype=torch.float32)
+    assert la.dtype == torch.float32 and torch.equal(la, loss.detach())
+    assert torch.equal(torch.autograd.grad(la, xa, incoming)[0], g)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_loss_dtype_errors_and_module(device):
+    x, t, w = make(4, 8, torch.bfloat16, device, ignore_frac=0.0)
+    with pytest.raises(RuntimeError, match=r"cross_entropy: loss_dtype must be None, logits' dtype \(BFloat16\) or "
+                                           r"float32, got Half"):
+        cross_entropy(x, t, loss_dtype=torch.float16)
+    with pytest.raises(RuntimeError, match=r"cross_entropy: loss_dtype must be None, logits' dtype \(Float\), got Double"):
+        cross_entropy(x.float(), t, loss_dtype=torch.float64)
+    with pytest.raises(TypeError, match=r"loss_dtype must be None or a torch.dtype, got 'float32'"):
+        cross_entropy(x, t, loss_dtype="float32")
+    # float64 logits keep a float64 loss under autocast, as PyTorch
+    with torch.autocast(device, dtype=torch.bfloat16):
+        assert cross_entropy(x.double(), t).dtype == torch.float64
+        assert cross_entropy(x.float(), t).dtype == torch.float32
+    module = opsmith.nn.CrossEntropyLoss(loss_dtype=torch.float32)
+    assert "loss_dtype=torch.float32" in repr(module)
+    assert torch.equal(module(x, t), cross_entropy(x, t, loss_dtype=torch.float32))
+    torch.library.opcheck(torch.ops.opsmith.cross_entropy_fwd.default,
+                          (x.clone().requires_grad_(), t, w, -100, 0.1, 1e-3, 0.0, 2, True),
+                          {"loss_dtype": torch.float32})
+    torch.library.opcheck(torch.ops.opsmith.cross_entropy_fwd_.default, (x.clone(), t, None, -100, 0.0, 0.0, 0.0, 0),
+                          {"loss_dtype": torch.float32})
+
+
+def test_compiled_loss_under_autocast():
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("aot_eager")
+    x, t, w = make(12, 96, torch.bfloat16, "cpu")
+    f = lambda v: cross_entropy(v * 2.0, t, w, label_smoothing=0.1)  # noqa: E731
+    xg = x.clone().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = torch.compile(f, backend=counter, fullgraph=True)(xg)
+        y_eager = f(xg)
+    assert counter.frame_count == 1 and y.dtype == y_eager.dtype == torch.float32
+    assert torch.equal(y, y_eager)
+    (g,) = torch.autograd.grad(y, [xg])
+    (g_eager,) = torch.autograd.grad(y_eager, [xg])
+    assert torch.equal(g, g_eager)
+    torch._dynamo.reset()
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_errors_name_the_argument(device):
     x, t, w = make(4, 8, torch.float32, device, ignore_frac=0.0)

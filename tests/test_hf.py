@@ -409,6 +409,27 @@ def test_patched_norm_rounds_as_the_architecture(model_type, weight_dtype, devic
     torch.testing.assert_close(y, r)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_logits_loss_is_float32_as_hugging_face(device):
+    """The loss from bf16 logits (evaluation, or logits asked for) is
+    float32 and unrounded, as Hugging Face's ForCausalLMLoss gives it (it
+    upcasts the logits): equal within float32, with and without
+    num_items_in_batch, where a loss rounded to bf16 is off by ~1e-2."""
+    from transformers.loss.loss_utils import ForCausalLMLoss
+
+    g = torch.Generator().manual_seed(0)
+    logits = (torch.randn(2, 33, 301, generator=g) * 3).to(torch.bfloat16).to(device)
+    labels = torch.randint(0, 301, (2, 33), generator=g).to(device)
+    labels[0, :5] = -100
+    for kw in ({}, {"num_items_in_batch": torch.tensor(50)}):
+        want = ForCausalLMLoss(logits, labels, 301, **kw)
+        got = hf.causal_lm_loss(logits, labels, 301, **kw)
+        assert got.dtype == want.dtype == torch.float32
+        torch.testing.assert_close(got, want, rtol=2e-6, atol=2e-6)
+    # float64 logits: Hugging Face's .float() gives float32 there too
+    assert hf.causal_lm_loss(logits.double(), labels, 301).dtype == ForCausalLMLoss(logits.double(), labels, 301).dtype
+
+
 def test_fused_loss_softcap_and_num_items(restore_modeling):
     """Gemma 2's final logit softcapping and Hugging Face's
     num_items_in_batch (gradient accumulation) through the fused loss path:

@@ -179,10 +179,16 @@
         return lse;                                                                                             \
     }                                                                                                           \
                                                                                                                 \
+    /* a loss value in the logits' type or (loss_acc) unrounded in ACC */                                    \
+    static void put_loss_##SUFFIX(void *p, int64_t i, ACC v, int loss_acc) {                                    \
+        if (loss_acc) ((ACC *)p)[i] = v;                                                                        \
+        else ((T *)p)[i] = STORE(v);                                                                            \
+    }                                                                                                           \
+                                                                                                                \
     static opsmith_status fwd_##SUFFIX(int64_t rows, int64_t n, const T *x, int64_t xs, const int64_t *tg,      \
                                        int64_t ts, const ACC *w, int64_t ignore, ACC ls, ACC z, ACC cap, int red, \
-                                       T *loss, T *zout, ACC *lse_out, T *dl, int64_t dls, int64_t *error,      \
-                                       ACC *ws, int threads) {                                                  \
+                                       int loss_acc, void *loss, void *zout, ACC *lse_out, T *dl, int64_t dls,  \
+                                       int64_t *error, ACC *ws, int threads) {                                  \
         ACC denom = 0, wsum = 0;                                                                                \
         for (int64_t r = 0; r < rows; r++) {                                                                    \
             const int64_t t = tg[r * ts];                                                                       \
@@ -235,15 +241,15 @@
         }                                                                                                       \
         if (red == OPSMITH_CROSS_ENTROPY_REDUCTION_NONE) {                                                      \
             for (int64_t r = 0; r < rows; r++) {                                                                \
-                loss[r] = STORE(loss_rows[r]);                                                                  \
-                if (zout) zout[r] = STORE(z_rows ? z_rows[r] : (ACC)0);                                         \
+                put_loss_##SUFFIX(loss, r, loss_rows[r], loss_acc);                                            \
+                if (zout) put_loss_##SUFFIX(zout, r, z_rows ? z_rows[r] : (ACC)0, loss_acc);                    \
             }                                                                                                   \
         } else {                                                                                                \
             ACC total = 0, z_total = 0;                                                                         \
             for (int64_t r = 0; r < rows; r++) total += loss_rows[r], z_total += z_rows ? z_rows[r] : (ACC)0;   \
             const ACC d = red == OPSMITH_CROSS_ENTROPY_REDUCTION_MEAN ? denom : (ACC)1;                         \
-            loss[0] = STORE(total / d);                                                                         \
-            if (zout) zout[0] = STORE(z_total / d);                                                             \
+            put_loss_##SUFFIX(loss, 0, total / d, loss_acc);                                                   \
+            if (zout) put_loss_##SUFFIX(zout, 0, z_total / d, loss_acc);                                        \
         }                                                                                                       \
         return OPSMITH_STATUS_SUCCESS;                                                                          \
     }                                                                                                           \
@@ -278,30 +284,32 @@ opsmith_status opsmith_cross_entropy_fwd_cpu(opsmith_dtype dtype, int64_t rows, 
                                              int64_t logits_row_stride, const int64_t *target, int64_t target_stride,
                                              const void *weight, int64_t ignore_index, double label_smoothing,
                                              double z_loss, double softcap, opsmith_cross_entropy_reduction reduction,
-                                             void *loss, void *z_out, void *lse, void *dlogits,
+                                             opsmith_dtype loss_dtype, void *loss, void *z_out, void *lse,
+                                             void *dlogits,
                                              int64_t dlogits_row_stride, int64_t *error, void *workspace,
                                              size_t workspace_bytes) {
     opsmith_status s = opsmith_internal_cross_entropy_fwd_check(
         "cross_entropy_fwd_cpu", dtype, rows, n, logits, logits_row_stride, target, label_smoothing, z_loss, softcap,
-        (int)reduction, loss, dlogits, dlogits_row_stride, error, 0, workspace, workspace_bytes);
+        (int)reduction, loss_dtype, loss, dlogits, dlogits_row_stride, error, 0, workspace, workspace_bytes);
     if (s != OPSMITH_STATUS_SUCCESS) return s;
     const int t = opsmith_get_num_threads();
+    const int loss_acc = loss_dtype != dtype;
     const int64_t xs = logits_row_stride, ts = target_stride, ds = dlogits_row_stride;
     const int red = (int)reduction;
     const float ls = (float)label_smoothing, z = (float)z_loss, cap = (float)softcap;
     switch (dtype) {
     case OPSMITH_DTYPE_F64:
         return fwd_f64(rows, n, logits, xs, target, ts, weight, ignore_index, label_smoothing, z_loss, softcap, red,
-                       loss, z_out, lse, dlogits, ds, error, workspace, t);
+                       loss_acc, loss, z_out, lse, dlogits, ds, error, workspace, t);
     case OPSMITH_DTYPE_F32:
-        return fwd_f32(rows, n, logits, xs, target, ts, weight, ignore_index, ls, z, cap, red, loss, z_out, lse,
-                       dlogits, ds, error, workspace, t);
+        return fwd_f32(rows, n, logits, xs, target, ts, weight, ignore_index, ls, z, cap, red, loss_acc, loss, z_out,
+                       lse, dlogits, ds, error, workspace, t);
     case OPSMITH_DTYPE_F16:
-        return fwd_f16(rows, n, logits, xs, target, ts, weight, ignore_index, ls, z, cap, red, loss, z_out, lse,
-                       dlogits, ds, error, workspace, t);
+        return fwd_f16(rows, n, logits, xs, target, ts, weight, ignore_index, ls, z, cap, red, loss_acc, loss, z_out,
+                       lse, dlogits, ds, error, workspace, t);
     case OPSMITH_DTYPE_BF16:
-        return fwd_bf16(rows, n, logits, xs, target, ts, weight, ignore_index, ls, z, cap, red, loss, z_out, lse,
-                        dlogits, ds, error, workspace, t);
+        return fwd_bf16(rows, n, logits, xs, target, ts, weight, ignore_index, ls, z, cap, red, loss_acc, loss, z_out,
+                        lse, dlogits, ds, error, workspace, t);
     default: return OPSMITH_STATUS_UNSUPPORTED_DTYPE;
     }
 }

@@ -120,7 +120,7 @@ DEFINE_FLCE(d, double, OPSMITH_DTYPE_F64, opsmith_cpu_gemm_f64)
             double scratch = 0;                                                                                   \
             opsmith_status st = opsmith_cross_entropy_fwd_cpu(                                                    \
                 dtype, c, vocab, logits, vocab, target + r0 * target_stride, target_stride, NULL, ignore_index,   \
-                label_smoothing, z_loss, softcap, OPSMITH_CROSS_ENTROPY_REDUCTION_SUM, &scratch, NULL, NULL,      \
+                label_smoothing, z_loss, softcap, OPSMITH_CROSS_ENTROPY_REDUCTION_SUM, dtype, &scratch, NULL, NULL, \
                 grads ? logits : NULL, vocab, NULL, ws + l.ce, l.ce_bytes);                                       \
             if (st != OPSMITH_STATUS_SUCCESS) return st;                                                          \
             const ACC *per_row = (const ACC *)(ws + l.ce);                                                        \

@@ -460,8 +460,8 @@ opsmith_status finish(int64_t rows, int red, const void *loss_rows, const void *
 
 template <opsmith_dtype D>
 opsmith_status fwd(int64_t rows, int64_t n, const void *x, int64_t xs, const int64_t *tg, int64_t ts, const void *w,
-                   int64_t ignore, double ls, double z, double cap, int red, void *loss, void *zout, void *lse,
-                   void *dl, int64_t dls, int64_t *error, void *workspace, cudaStream_t stream) {
+                   int64_t ignore, double ls, double z, double cap, int red, bool loss_acc, void *loss, void *zout,
+                   void *lse, void *dl, int64_t dls, int64_t *error, void *workspace, cudaStream_t stream) {
     using A = typename Storage<D>::Acc;
     A *ws = static_cast<A *>(workspace);
     A *zr = static_cast<A *>(opsmith_internal_cross_entropy_z_rows(ws, rows, z, sizeof(A)));
@@ -470,7 +470,12 @@ opsmith_status fwd(int64_t rows, int64_t n, const void *x, int64_t xs, const int
     if (st == OPSMITH_STATUS_SUCCESS)
         st = rows_pass<D>(rows, n, x, xs, tg, ts, w, ignore, ls, z, cap, red, dw, ws, zr, lse, dl, dls, error,
                           0, stream);
-    if (st == OPSMITH_STATUS_SUCCESS) st = finish<D>(rows, red, ws, zr, dw, loss, zout, stream);
+    /* a loss in the accumulate type: the finish of the accumulate type's own
+     * forward (it reads the same A rows), as fused_linear_cross_entropy's */
+    constexpr opsmith_dtype acc = D == OPSMITH_DTYPE_F64 ? OPSMITH_DTYPE_F64 : OPSMITH_DTYPE_F32;
+    if (st == OPSMITH_STATUS_SUCCESS)
+        st = loss_acc ? finish<acc>(rows, red, ws, zr, dw, loss, zout, stream)
+                      : finish<D>(rows, red, ws, zr, dw, loss, zout, stream);
     return st;
 }
 
@@ -499,19 +504,21 @@ using namespace opsmith;
 extern "C" opsmith_status opsmith_cross_entropy_fwd_cuda(
     opsmith_dtype dtype, int64_t rows, int64_t n, const void *logits, int64_t logits_row_stride, const int64_t *target,
     int64_t target_stride, const void *weight, int64_t ignore_index, double label_smoothing, double z_loss,
-    double softcap, opsmith_cross_entropy_reduction reduction, void *loss, void *z_out, void *lse, void *dlogits,
-    int64_t dlogits_row_stride, int64_t *error, void *workspace, size_t workspace_bytes, opsmith_cuda_stream stream) {
+    double softcap, opsmith_cross_entropy_reduction reduction, opsmith_dtype loss_dtype, void *loss, void *z_out,
+    void *lse, void *dlogits, int64_t dlogits_row_stride, int64_t *error, void *workspace, size_t workspace_bytes,
+    opsmith_cuda_stream stream) {
     opsmith_status st = opsmith_internal_cross_entropy_fwd_check(
         "cross_entropy_fwd_cuda", dtype, rows, n, logits, logits_row_stride, target, label_smoothing, z_loss, softcap,
-        (int)reduction, loss, dlogits, dlogits_row_stride, error, 1, workspace, workspace_bytes);
+        (int)reduction, loss_dtype, loss, dlogits, dlogits_row_stride, error, 1, workspace, workspace_bytes);
     if (st != OPSMITH_STATUS_SUCCESS) return st;
     if (rows > 0x7fffffffLL)
         return opsmith_internal_fail(OPSMITH_STATUS_INVALID_ARGUMENT, "cross_entropy_fwd_cuda: rows (%lld) must be < 2^31",
                                      (long long)rows);
     return dispatch_float(dtype, OPSMITH_STATUS_UNSUPPORTED_DTYPE, [&](auto tag) {
         return fwd<decltype(tag)::value>(rows, n, logits, logits_row_stride, target, target_stride, weight,
-                                         ignore_index, label_smoothing, z_loss, softcap, (int)reduction, loss, z_out,
-                                         lse, dlogits, dlogits_row_stride, error, workspace, stream);
+                                         ignore_index, label_smoothing, z_loss, softcap, (int)reduction,
+                                         loss_dtype != dtype, loss, z_out, lse, dlogits, dlogits_row_stride, error,
+                                         workspace, stream);
     });
 }
 

@@ -37,10 +37,10 @@ static opsmith_status check_float(const char *op, opsmith_dtype dtype, int64_t r
 opsmith_status opsmith_internal_cross_entropy_fwd_check(const char *op, opsmith_dtype dtype, int64_t rows, int64_t n,
                                                         const void *logits, int64_t logits_row_stride,
                                                         const int64_t *target, double ls, double z_loss,
-                                                        double softcap, int reduction, const void *loss,
-                                                        const void *dlogits, int64_t dlogits_row_stride,
-                                                        const int64_t *error, int need_error, const void *workspace,
-                                                        size_t workspace_bytes) {
+                                                        double softcap, int reduction, opsmith_dtype loss_dtype,
+                                                        const void *loss, const void *dlogits,
+                                                        int64_t dlogits_row_stride, const int64_t *error,
+                                                        int need_error, const void *workspace, size_t workspace_bytes) {
     const opsmith_status bad = OPSMITH_STATUS_INVALID_ARGUMENT;
     opsmith_internal_clear_error();
     opsmith_status s = check_float(op, dtype, rows, n);
@@ -53,6 +53,11 @@ opsmith_status opsmith_internal_cross_entropy_fwd_check(const char *op, opsmith_
         return opsmith_internal_fail(bad, "%s: softcap (%g) must be finite and > 0 (or 0: none)", op, softcap);
     if (reduction < OPSMITH_CROSS_ENTROPY_REDUCTION_NONE || reduction > OPSMITH_CROSS_ENTROPY_REDUCTION_MEAN)
         return opsmith_internal_fail(bad, "%s: reduction (%d) must be 0 (none), 1 (sum) or 2 (mean)", op, reduction);
+    if (loss_dtype != dtype && loss_dtype != opsmith_dtype_accumulate(dtype))
+        return opsmith_internal_fail(bad,
+                                     "%s: loss_dtype (%s) must be the logits' dtype (%s) or its accumulate type (%s)",
+                                     op, opsmith_dtype_name(loss_dtype), opsmith_dtype_name(dtype),
+                                     opsmith_dtype_name(opsmith_dtype_accumulate(dtype)));
     if (!loss && (rows > 0 || reduction != OPSMITH_CROSS_ENTROPY_REDUCTION_NONE))
         return opsmith_internal_fail(bad, "%s: loss is NULL", op);
     if (need_error && !error) return opsmith_internal_fail(bad, "%s: error is NULL", op);

@@ -11,12 +11,14 @@ extern "C" {
 
 /* Validates a forward call; `op` names the launcher in the error message;
  * need_error: the error buffer must be given (CUDA). Checks the dtype,
- * sizes, strides, options, NULL and misaligned pointers, the workspace and
+ * sizes, strides, options, the loss dtype (dtype or its accumulate type),
+ * NULL and misaligned pointers, the workspace and
  * the aliasing rule (dlogits is logits exactly, or apart from it). */
 OPSMITH_INTERNAL opsmith_status opsmith_internal_cross_entropy_fwd_check(
     const char *op, opsmith_dtype dtype, int64_t rows, int64_t n, const void *logits, int64_t logits_row_stride,
-    const int64_t *target, double label_smoothing, double z_loss, double softcap, int reduction, const void *loss,
-    const void *dlogits, int64_t dlogits_row_stride, const int64_t *error, int need_error, const void *workspace,
+    const int64_t *target, double label_smoothing, double z_loss, double softcap, int reduction,
+    opsmith_dtype loss_dtype, const void *loss, const void *dlogits, int64_t dlogits_row_stride, const int64_t *error,
+    int need_error, const void *workspace,
     size_t workspace_bytes);
 
 /* Validates a backward call (dx is dlogits exactly, or apart from it). */

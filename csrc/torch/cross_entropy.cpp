@@ -33,14 +33,16 @@ namespace {
 constexpr const char *kOp = "cross_entropy";
 
 struct Checked {
-    opsmith_dtype dtype;
+    opsmith_dtype dtype, loss_dtype; // loss_dtype: dtype or its accumulate type
+    at::ScalarType loss_type;
     Rows x;
     at::Tensor target, weight; // target contiguous int64; weight contiguous in the accumulate type, or undefined
 };
 
 // Checks a forward call; logits are (N, V), target (N).
 Checked check_fwd(const at::Tensor &logits, const at::Tensor &target, const std::optional<at::Tensor> &weight,
-                  double ls, double z_loss, double softcap, int64_t reduction) {
+                  double ls, double z_loss, double softcap, int64_t reduction,
+                  std::optional<at::ScalarType> loss_dtype) {
     check_device_supported(logits, kOp);
     const opsmith_dtype dtype = dtype_of(logits, kOp, "logits");
     TORCH_CHECK(logits.dim() == 2, kOp, ": logits must be 2-D (N, V), got ", text(logits.sizes()));
@@ -56,26 +58,34 @@ Checked check_fwd(const at::Tensor &logits, const at::Tensor &target, const std:
                 text(softcap));
     TORCH_CHECK(reduction >= 0 && reduction <= 2, kOp, ": reduction must be 0 (none), 1 (sum) or 2 (mean), got ",
                 text(reduction));
+    // the loss in logits' dtype (PyTorch's) or unrounded in the accumulate
+    // type (PyTorch's under autocast, which computes 16-bit logits' loss in float32)
+    const at::ScalarType acc_type = accumulate_type(logits);
+    const at::ScalarType loss_type = loss_dtype.value_or(logits.scalar_type());
+    TORCH_CHECK(loss_type == logits.scalar_type() || loss_type == acc_type, kOp,
+                ": loss_dtype must be None, logits' dtype (", logits.scalar_type(), ")",
+                acc_type != logits.scalar_type() ? " or float32" : "", ", got ", loss_type);
     at::Tensor w;
     if (weight.has_value() && weight->defined()) {
         check_same_device(*weight, logits, kOp, "weight");
         // a float32 weight beside 16-bit logits (a class-weight buffer kept in
         // float32 under autocast) is read as it is: the kernels take it in
         // the accumulate type anyway
-        const at::ScalarType acc = accumulate_type(logits);
-        TORCH_CHECK(weight->scalar_type() == logits.scalar_type() || weight->scalar_type() == acc, kOp,
+        TORCH_CHECK(weight->scalar_type() == logits.scalar_type() || weight->scalar_type() == acc_type, kOp,
                     ": weight must have logits' dtype (", logits.scalar_type(), ")",
-                    acc != logits.scalar_type() ? " or float32" : "", ", got ", weight->scalar_type());
+                    acc_type != logits.scalar_type() ? " or float32" : "", ", got ", weight->scalar_type());
         TORCH_CHECK(weight->dim() == 1 && weight->size(0) == logits.size(1), kOp, ": weight must have shape [",
                     text(logits.size(1)), "] (one per class), got ", text(weight->sizes()));
-        w = weight->to(accumulate_type(logits)).contiguous();
+        w = weight->to(acc_type).contiguous();
     }
-    return {dtype, as_rows(logits), target.contiguous(), w};
+    const opsmith_dtype loss_dt = loss_type == logits.scalar_type() ? dtype : opsmith_dtype_accumulate(dtype);
+    return {dtype, loss_dt, loss_type, as_rows(logits), target.contiguous(), w};
 }
 
-at::Tensor loss_like(const at::Tensor &logits, int64_t reduction) {
-    return reduction == OPSMITH_CROSS_ENTROPY_REDUCTION_NONE ? empty_output({logits.size(0)}, logits.options())
-                                                             : empty_output({}, logits.options());
+at::Tensor loss_like(const Checked &c, const at::Tensor &logits, int64_t reduction) {
+    const auto options = logits.options().dtype(c.loss_type);
+    return reduction == OPSMITH_CROSS_ENTROPY_REDUCTION_NONE ? empty_output({logits.size(0)}, options)
+                                                             : empty_output({}, options);
 }
 
 // Runs the forward launcher; dl (or nullptr) with row stride dls.
@@ -95,7 +105,8 @@ void run_fwd(const Checked &c, const at::Tensor &logits, int64_t ignore_index, d
     if (logits.is_cuda()) {
         const c10::cuda::CUDAGuard guard(logits.device());
         status = opsmith_cross_entropy_fwd_cuda(c.dtype, c.x.rows, c.x.n, x, c.x.stride, t, 1, w, ignore_index, ls,
-                                                z_loss, softcap, red, loss.data_ptr(), z.data_ptr(), nullptr, dl,
+                                                z_loss, softcap, red, c.loss_dtype, loss.data_ptr(), z.data_ptr(),
+                                                nullptr, dl,
                                                 dls, error.data_ptr<int64_t>(), ws.data_ptr(), wb,
                                                 at::cuda::getCurrentCUDAStream(logits.get_device()).stream());
     } else
@@ -103,7 +114,8 @@ void run_fwd(const Checked &c, const at::Tensor &logits, int64_t ignore_index, d
     {
         use_torch_cpu_threads();
         status = opsmith_cross_entropy_fwd_cpu(c.dtype, c.x.rows, c.x.n, x, c.x.stride, t, 1, w, ignore_index, ls,
-                                               z_loss, softcap, red, loss.data_ptr(), z.data_ptr(), nullptr, dl,
+                                               z_loss, softcap, red, c.loss_dtype, loss.data_ptr(), z.data_ptr(),
+                                               nullptr, dl,
                                                dls, error.data_ptr<int64_t>(), ws.data_ptr(), wb);
         // the C message names the launcher; the user called cross_entropy
         // (from "target" on; the whole message if it has no "target": a null
@@ -119,14 +131,15 @@ void run_fwd(const Checked &c, const at::Tensor &logits, int64_t ignore_index, d
 } // namespace
 
 // (loss, z_loss, dlogits, error) = cross_entropy_fwd(logits (N, V), target (N), ...): loss and
-// z_loss in logits' dtype, [N] for reduction none (0) else []; dlogits (N, V) contiguous when
-// compute_grad, else empty; error: the device-side flag (3 int64).
+// z_loss in loss_dtype (None: logits' dtype; or their accumulate type), [N] for reduction none (0)
+// else []; dlogits (N, V) contiguous when compute_grad, else empty; error: the device-side flag
+// (3 int64).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>
 cross_entropy_fwd(const at::Tensor &logits, const at::Tensor &target, const std::optional<at::Tensor> &weight,
                   int64_t ignore_index, double label_smoothing, double z_loss, double softcap, int64_t reduction,
-                  bool compute_grad) {
-    const Checked c = check_fwd(logits, target, weight, label_smoothing, z_loss, softcap, reduction);
-    at::Tensor loss = loss_like(logits, reduction), z = loss_like(logits, reduction);
+                  bool compute_grad, std::optional<at::ScalarType> loss_dtype) {
+    const Checked c = check_fwd(logits, target, weight, label_smoothing, z_loss, softcap, reduction, loss_dtype);
+    at::Tensor loss = loss_like(c, logits, reduction), z = loss_like(c, logits, reduction);
     at::Tensor dl = compute_grad ? empty_output(logits.sizes(), logits.options()) : empty_output({0}, logits.options());
     at::Tensor error = at::zeros({OPSMITH_CROSS_ENTROPY_ERROR_COUNT}, logits.options().dtype(at::kLong));
     run_fwd(c, logits, ignore_index, label_smoothing, z_loss, softcap, reduction, loss, z,
@@ -137,12 +150,13 @@ cross_entropy_fwd(const at::Tensor &logits, const at::Tensor &target, const std:
 // The forward with the gradient written over logits (inplace_grad): (loss, z_loss, error).
 std::tuple<at::Tensor, at::Tensor, at::Tensor>
 cross_entropy_fwd_(at::Tensor &logits, const at::Tensor &target, const std::optional<at::Tensor> &weight,
-                   int64_t ignore_index, double label_smoothing, double z_loss, double softcap, int64_t reduction) {
-    const Checked c = check_fwd(logits, target, weight, label_smoothing, z_loss, softcap, reduction);
+                   int64_t ignore_index, double label_smoothing, double z_loss, double softcap, int64_t reduction,
+                   std::optional<at::ScalarType> loss_dtype) {
+    const Checked c = check_fwd(logits, target, weight, label_smoothing, z_loss, softcap, reduction, loss_dtype);
     TORCH_CHECK(c.x.tensor.is_same(logits), kOp,
                 ": inplace_grad=True needs logits whose rows are addressable in place (last dim contiguous), "
                 "got strides ", text(logits.strides()));
-    at::Tensor loss = loss_like(logits, reduction), z = loss_like(logits, reduction);
+    at::Tensor loss = loss_like(c, logits, reduction), z = loss_like(c, logits, reduction);
     at::Tensor error = at::zeros({OPSMITH_CROSS_ENTROPY_ERROR_COUNT}, logits.options().dtype(at::kLong));
     run_fwd(c, logits, ignore_index, label_smoothing, z_loss, softcap, reduction, loss, z,
             logits.numel() ? logits.data_ptr() : nullptr, c.x.stride, error);
@@ -213,7 +227,7 @@ OPSMITH_PYBIND(cross_entropy) {
           "cross_entropy forward: (loss, z_loss, dlogits, error)", py::arg("logits"), py::arg("target"),
           py::arg("weight"), py::arg("ignore_index") = -100, py::arg("label_smoothing") = 0.0,
           py::arg("z_loss") = 0.0, py::arg("softcap") = 0.0, py::arg("reduction") = 2,
-          py::arg("compute_grad") = false);
+          py::arg("compute_grad") = false, py::arg("loss_dtype") = py::none());
     m.def("cross_entropy_bwd", &opsmith::cross_entropy_bwd, "cross_entropy backward: grad * dlogits", py::arg("grad"),
           py::arg("dlogits"));
 }
@@ -241,9 +255,12 @@ struct CrossEntropyBackward : public torch::autograd::Node {
     void will_release_variables() override { releasing_ = true; }
 
     variable_list apply(variable_list &&grads) override {
-        const at::Tensor &g = grads[0];
-        if (!g.defined()) return {at::Tensor()};
+        if (!grads[0].defined()) return {at::Tensor()};
         at::Tensor d = dlogits_.unpack();
+        // a float32 loss (loss_dtype) gives a float32 gradient: the kernel
+        // takes it in the gradient's dtype (exact for the common 1 and powers
+        // of two, a loss scaler's)
+        const at::Tensor g = grads[0].scalar_type() == d.scalar_type() ? grads[0] : grads[0].to(d.scalar_type());
         at::Tensor dx;
         {
             at::AutoDispatchBelowADInplaceOrView below_autograd;
@@ -276,7 +293,7 @@ void check_weight_grad(const std::optional<at::Tensor> &weight) {
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>
 cross_entropy_fwd_autograd(const at::Tensor &logits, const at::Tensor &target, const std::optional<at::Tensor> &weight,
                            int64_t ignore_index, double ls, double z_loss, double softcap, int64_t reduction,
-                           bool compute_grad) {
+                           bool compute_grad, std::optional<at::ScalarType> loss_dtype) {
     refuse_forward_ad(kOp, logits, tensor_or_undefined(weight));
     check_weight_grad(weight);
     const bool need = torch::autograd::compute_requires_grad(logits);
@@ -284,7 +301,8 @@ cross_entropy_fwd_autograd(const at::Tensor &logits, const at::Tensor &target, c
     {
         at::AutoDispatchBelowADInplaceOrView below_autograd;
         std::tie(loss, z, dl, error) =
-            fwd_op().call(logits, target, weight, ignore_index, ls, z_loss, softcap, reduction, compute_grad || need);
+            fwd_op().call(logits, target, weight, ignore_index, ls, z_loss, softcap, reduction, compute_grad || need,
+                          loss_dtype);
     }
     if (need) {
         auto node = std::make_shared<CrossEntropyBackward>();
@@ -299,7 +317,8 @@ cross_entropy_fwd_autograd(const at::Tensor &logits, const at::Tensor &target, c
 std::tuple<at::Tensor, at::Tensor, at::Tensor>
 cross_entropy_fwd_inplace_autograd(at::Tensor &logits, const at::Tensor &target,
                                    const std::optional<at::Tensor> &weight, int64_t ignore_index, double ls,
-                                   double z_loss, double softcap, int64_t reduction) {
+                                   double z_loss, double softcap, int64_t reduction,
+                                   std::optional<at::ScalarType> loss_dtype) {
     refuse_forward_ad(kOp, logits, tensor_or_undefined(weight));
     check_weight_grad(weight);
     const bool need = torch::autograd::compute_requires_grad(logits);
@@ -310,7 +329,7 @@ cross_entropy_fwd_inplace_autograd(at::Tensor &logits, const at::Tensor &target,
     {
         at::AutoDispatchBelowADInplaceOrView below_autograd;
         std::tie(loss, z, error) =
-            fwd_inplace_op().call(logits, target, weight, ignore_index, ls, z_loss, softcap, reduction);
+            fwd_inplace_op().call(logits, target, weight, ignore_index, ls, z_loss, softcap, reduction, loss_dtype);
     }
     // logits now hold the gradient: anything else that saved them fails its
     // version check rather than differentiating through the overwritten values
@@ -346,12 +365,12 @@ at::Tensor cross_entropy_bwd_autograd(const at::Tensor &grad, const at::Tensor &
 TORCH_LIBRARY_FRAGMENT(opsmith, m) {
     m.set_python_module("opsmith.ops.cross_entropy");
     m.def("cross_entropy_fwd(Tensor logits, Tensor target, Tensor? weight, int ignore_index=-100, "
-          "float label_smoothing=0., float z_loss=0., float softcap=0., int reduction=2, bool compute_grad=False) -> "
-          "(Tensor loss, Tensor z_loss, Tensor dlogits, Tensor error)");
+          "float label_smoothing=0., float z_loss=0., float softcap=0., int reduction=2, bool compute_grad=False, "
+          "ScalarType? loss_dtype=None) -> (Tensor loss, Tensor z_loss, Tensor dlogits, Tensor error)");
     // the gradient written over logits (inplace_grad=True)
     m.def("cross_entropy_fwd_(Tensor(a!) logits, Tensor target, Tensor? weight, int ignore_index=-100, "
-          "float label_smoothing=0., float z_loss=0., float softcap=0., int reduction=2) -> "
-          "(Tensor loss, Tensor z_loss, Tensor error)");
+          "float label_smoothing=0., float z_loss=0., float softcap=0., int reduction=2, "
+          "ScalarType? loss_dtype=None) -> (Tensor loss, Tensor z_loss, Tensor error)");
     m.def("cross_entropy_bwd(Tensor grad, Tensor dlogits) -> Tensor dx");
     m.def("cross_entropy_bwd_(Tensor grad, Tensor(a!) dlogits) -> ()");
 }

@@ -16,7 +16,10 @@
  * NONE gives loss[r] per row; SUM their sum; MEAN their sum divided by
  * denom = sum of w[t] over the rows not ignored (0 / 0 = NaN when every row
  * is ignored, as PyTorch). The z-loss is reduced the same way (not weighted
- * by w[t]) and reported separately in z_out.
+ * by w[t]) and reported separately in z_out. loss and z_out hold loss_dtype:
+ * dtype (as PyTorch without autocast) or A (a float32 loss from 16-bit
+ * logits, as PyTorch under autocast: the reduced value is not rounded to
+ * 16 bits; ABI 3).
  *
  * The gradient of the reduced loss (an incoming gradient of 1), written by
  * the forward when dlogits is not NULL:
@@ -39,7 +42,8 @@
  * Shapes and dtypes: logits (rows, n), row stride logits_row_stride, dtype
  * f64, f32, f16 or bf16 (arithmetic in A); target int64 with element stride
  * target_stride; weight (n) contiguous in A or NULL; loss and z_out in
- * dtype, (rows) for NONE and (1) otherwise, z_out may be NULL; lse (rows) in
+ * loss_dtype (dtype or opsmith_dtype_accumulate(dtype)), (rows) for NONE
+ * and (1) otherwise, z_out may be NULL; lse (rows) in
  * A, may be NULL; dlogits (rows, n) in dtype with its row stride, or NULL
  * (no gradient). rows may be 0 (SUM writes 0, MEAN NaN); n >= 1;
  * label_smoothing in [0, 1], z_loss >= 0 and finite, softcap >= 0 and finite
@@ -69,14 +73,15 @@ typedef enum opsmith_cross_entropy_reduction {
 /* int64 values of the error buffer: flag, row, target value */
 #define OPSMITH_CROSS_ENTROPY_ERROR_COUNT 3
 
-/* ABI 2: z_loss added (the z-loss rows exist only when it is > 0) */
+/* ABI 2: z_loss added (the z-loss rows exist only when it is > 0); ABI 3:
+ * loss_dtype added to the forward launchers */
 OPSMITH_API size_t opsmith_cross_entropy_fwd_workspace_size(opsmith_dtype dtype, int64_t rows, double z_loss);
 
 OPSMITH_API opsmith_status opsmith_cross_entropy_fwd_cpu(
     opsmith_dtype dtype, int64_t rows, int64_t n, const void *logits, int64_t logits_row_stride, const int64_t *target,
     int64_t target_stride, const void *weight, int64_t ignore_index, double label_smoothing, double z_loss,
-    double softcap, opsmith_cross_entropy_reduction reduction, void *loss, void *z_out, void *lse, void *dlogits,
-    int64_t dlogits_row_stride, int64_t *error, void *workspace, size_t workspace_bytes);
+    double softcap, opsmith_cross_entropy_reduction reduction, opsmith_dtype loss_dtype, void *loss, void *z_out,
+    void *lse, void *dlogits, int64_t dlogits_row_stride, int64_t *error, void *workspace, size_t workspace_bytes);
 
 OPSMITH_API opsmith_status opsmith_cross_entropy_bwd_cpu(opsmith_dtype dtype, int64_t rows, int64_t n, const void *grad,
                                                          int64_t grad_stride, const void *dlogits,
@@ -87,8 +92,9 @@ OPSMITH_API opsmith_status opsmith_cross_entropy_bwd_cpu(opsmith_dtype dtype, in
 OPSMITH_API opsmith_status opsmith_cross_entropy_fwd_cuda(
     opsmith_dtype dtype, int64_t rows, int64_t n, const void *logits, int64_t logits_row_stride, const int64_t *target,
     int64_t target_stride, const void *weight, int64_t ignore_index, double label_smoothing, double z_loss,
-    double softcap, opsmith_cross_entropy_reduction reduction, void *loss, void *z_out, void *lse, void *dlogits,
-    int64_t dlogits_row_stride, int64_t *error, void *workspace, size_t workspace_bytes, opsmith_cuda_stream stream);
+    double softcap, opsmith_cross_entropy_reduction reduction, opsmith_dtype loss_dtype, void *loss, void *z_out,
+    void *lse, void *dlogits, int64_t dlogits_row_stride, int64_t *error, void *workspace, size_t workspace_bytes,
+    opsmith_cuda_stream stream);
 
 OPSMITH_API opsmith_status opsmith_cross_entropy_bwd_cuda(opsmith_dtype dtype, int64_t rows, int64_t n,
                                                           const void *grad, int64_t grad_stride, const void *dlogits,

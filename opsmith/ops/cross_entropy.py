@@ -61,7 +61,25 @@ def _options_repr(module) -> str:
         extra += f", z_loss={module.z_loss}"
     if module.softcap is not None:
         extra += f", softcap={module.softcap}"
+    if getattr(module, "loss_dtype", None) is not None:
+        extra += f", loss_dtype={module.loss_dtype}"
     return extra
+
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def _loss_dtype(logits, loss_dtype):
+    """The loss dtype to ask the op for: None (the logits' own) unless given,
+    and float32 for 16-bit logits under autocast, as PyTorch (autocast runs
+    cross_entropy in float32, so its loss is float32)."""
+    if loss_dtype is not None:
+        if not isinstance(loss_dtype, torch.dtype):
+            raise TypeError(f"cross_entropy: loss_dtype must be None or a torch.dtype, got {loss_dtype!r}")
+        return loss_dtype
+    if logits.dtype in _HALF and torch.is_autocast_enabled(logits.device.type):
+        return torch.float32
+    return None
 
 
 def _validate(error, n, ignore_index):
@@ -75,7 +93,7 @@ def _validate(error, n, ignore_index):
 def cross_entropy(logits: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor] = None,
                   ignore_index: int = -100, reduction: str = "mean", label_smoothing: float = 0.0,
                   z_loss: float = 0.0, softcap: Optional[float] = None, *, return_z_loss: bool = False,
-                  inplace_grad: bool = False, validate: bool = False):
+                  inplace_grad: bool = False, validate: bool = False, loss_dtype: Optional[torch.dtype] = None):
     """Softmax cross-entropy over the last dim, as ``torch.nn.functional.cross_entropy``.
 
     logits ``[..., V]`` (float64, float32, float16, bfloat16; float32 math for
@@ -89,20 +107,25 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, weight: Optional[t
     CPU an IndexError naming the target; on CUDA that row's loss is NaN and a
     device-side flag records it, checked (one host synchronisation) when
     ``validate=True``. Every target ignored with reduction mean gives NaN, as
-    PyTorch. The loss has the logits' dtype, under autocast too (where
-    PyTorch's, computed through float32 log-probabilities, is float32): call
-    ``.float()`` on 16-bit logits' loss for a float32 value to log."""
+    PyTorch. The loss (and z-loss part) has the logits' dtype, and under
+    autocast float32 for 16-bit logits, as PyTorch's; ``loss_dtype`` asks
+    for one: the logits' dtype or ``torch.float32`` (float64 logits: float64),
+    the kernel's float32 value unrounded (the logits are not copied, and the
+    logit gradient keeps the logits' dtype)."""
     red = _reduction(reduction)
     cap = _softcap(softcap)
     if inplace_grad and logits.requires_grad and (logits.is_leaf or (logits._base is not None and logits._base.is_leaf)):
         raise RuntimeError("cross_entropy: inplace_grad=True writes the gradient over logits, which must not be a "
                            "leaf that requires grad (it is meant for the output of the lm head); use inplace_grad=False")
     x, t, shape = _rows(logits, target)
+    ldt = _loss_dtype(logits, loss_dtype)
     # no gradient to compute (no_grad, evaluation): the logits are left as they are
     if inplace_grad and torch.is_grad_enabled() and logits.requires_grad:
-        loss, z, error = _fwd_inplace(x, t, weight, ignore_index, float(label_smoothing), float(z_loss), cap, red)
+        loss, z, error = _fwd_inplace(x, t, weight, ignore_index, float(label_smoothing), float(z_loss), cap, red,
+                                      loss_dtype=ldt)
     else:
-        loss, z, _dl, error = _fwd(x, t, weight, ignore_index, float(label_smoothing), float(z_loss), cap, red)
+        loss, z, _dl, error = _fwd(x, t, weight, ignore_index, float(label_smoothing), float(z_loss), cap, red,
+                                   loss_dtype=ldt)
     if validate:
         _validate(error, logits.shape[-1], ignore_index)
     if red == 0:
@@ -112,7 +135,7 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, weight: Optional[t
 
 # --- fake kernels ------------------------------------------------------------------
 
-def _fake_outputs(logits, target, label_smoothing, z_loss, softcap, reduction):
+def _fake_outputs(logits, target, label_smoothing, z_loss, softcap, reduction, loss_dtype):
     torch._check(logits.dim() == 2, lambda: f"cross_entropy: logits must be 2-D (N, V), got {list(logits.shape)}")
     torch._check(target.dtype == torch.int64, lambda: f"cross_entropy: target must be int64 class indices, got {target.dtype}")
     torch._check(target.dim() == 1 and target.shape[0] == logits.shape[0],
@@ -121,22 +144,27 @@ def _fake_outputs(logits, target, label_smoothing, z_loss, softcap, reduction):
     torch._check(math.isfinite(z_loss) and z_loss >= 0, lambda: f"cross_entropy: z_loss must be finite and >= 0, got {z_loss}")
     torch._check(math.isfinite(softcap) and softcap >= 0, lambda: f"cross_entropy: softcap must be finite and > 0 (or 0: none), got {softcap}")
     torch._check(0 <= reduction <= 2, lambda: f"cross_entropy: reduction must be 0 (none), 1 (sum) or 2 (mean), got {reduction}")
+    acc = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    ldt = logits.dtype if loss_dtype is None else loss_dtype
+    torch._check(ldt in (logits.dtype, acc),
+                 lambda: f"cross_entropy: loss_dtype must be None, logits' dtype ({logits.dtype}) or {acc}, got {ldt}")
     shape = (logits.shape[0],) if reduction == 0 else ()
-    return logits.new_empty(shape), logits.new_empty(shape), logits.new_empty((3,), dtype=torch.int64)
+    return (logits.new_empty(shape, dtype=ldt), logits.new_empty(shape, dtype=ldt),
+            logits.new_empty((3,), dtype=torch.int64))
 
 
 @torch.library.register_fake("opsmith::cross_entropy_fwd")
 def _fwd_fake(logits, target, weight=None, ignore_index=-100, label_smoothing=0.0, z_loss=0.0, softcap=0.0,
-              reduction=2, compute_grad=False):
-    loss, z, error = _fake_outputs(logits, target, label_smoothing, z_loss, softcap, reduction)
+              reduction=2, compute_grad=False, loss_dtype=None):
+    loss, z, error = _fake_outputs(logits, target, label_smoothing, z_loss, softcap, reduction, loss_dtype)
     dl = logits.new_empty(logits.shape) if compute_grad else logits.new_empty((0,))
     return loss, z, dl, error
 
 
 @torch.library.register_fake("opsmith::cross_entropy_fwd_")
 def _fwd_inplace_fake(logits, target, weight=None, ignore_index=-100, label_smoothing=0.0, z_loss=0.0, softcap=0.0,
-                      reduction=2):
-    return _fake_outputs(logits, target, label_smoothing, z_loss, softcap, reduction)
+                      reduction=2, loss_dtype=None):
+    return _fake_outputs(logits, target, label_smoothing, z_loss, softcap, reduction, loss_dtype)
 
 
 @torch.library.register_fake("opsmith::cross_entropy_bwd")
@@ -167,12 +195,14 @@ for _name in ("cross_entropy_fwd", "cross_entropy_fwd_", "cross_entropy_bwd"):
 
 class CrossEntropyFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits, target, weight, ignore_index, label_smoothing, z_loss, softcap, reduction):
+    def forward(ctx, logits, target, weight, ignore_index, label_smoothing, z_loss, softcap, reduction,
+                loss_dtype=None):
         if weight is not None and weight.requires_grad:
             raise RuntimeError("cross_entropy: the gradient of weight is not implemented (as in PyTorch); "
                                "pass weight.detach()")
         loss, z, dl, error = route_a().cross_entropy_fwd(logits, target, weight, ignore_index, label_smoothing,
-                                                         z_loss, softcap, reduction, logits.requires_grad)
+                                                         z_loss, softcap, reduction, logits.requires_grad,
+                                                         loss_dtype)
         ctx.save_for_backward(dl)
         ctx.mark_non_differentiable(z, error)
         return loss, z, error
@@ -187,7 +217,8 @@ class CrossEntropyFunction(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def _backward(ctx, g):
         (dl,) = ctx.saved_tensors
-        return route_a().cross_entropy_bwd(g, dl), None, None, None, None, None, None, None
+        # a float32 loss's gradient, in the logits' dtype the kernel takes
+        return route_a().cross_entropy_bwd(g.to(dl.dtype), dl), None, None, None, None, None, None, None, None
 
 
 PYBIND_TRANSFORM_ERROR = ("opsmith.pybind.cross_entropy: route A does not support torch.func transforms "
@@ -197,7 +228,7 @@ PYBIND_TRANSFORM_ERROR = ("opsmith.pybind.cross_entropy: route A does not suppor
 def cross_entropy_pybind(logits: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor] = None,
                          ignore_index: int = -100, reduction: str = "mean", label_smoothing: float = 0.0,
                          z_loss: float = 0.0, softcap: Optional[float] = None, *, return_z_loss: bool = False,
-                         validate: bool = False):
+                         validate: bool = False, loss_dtype: Optional[torch.dtype] = None):
     """Route A twin of opsmith.cross_entropy (opsmith.pybind.cross_entropy): same bits.
     First-order gradients only; not under torch.func transforms; no inplace_grad."""
     if torch._C._are_functorch_transforms_active():
@@ -205,7 +236,7 @@ def cross_entropy_pybind(logits: torch.Tensor, target: torch.Tensor, weight: Opt
     red = _reduction(reduction)
     x, t, shape = _rows(logits, target)
     loss, z, error = CrossEntropyFunction.apply(x, t, weight, ignore_index, float(label_smoothing), float(z_loss),
-                                                _softcap(softcap), red)
+                                                _softcap(softcap), red, _loss_dtype(logits, loss_dtype))
     if validate:
         _validate(error, logits.shape[-1], ignore_index)
     if red == 0:
@@ -218,15 +249,16 @@ def cross_entropy_pybind(logits: torch.Tensor, target: torch.Tensor, weight: Opt
 class CrossEntropyLoss(torch.nn.Module):
     """Drop-in for ``torch.nn.CrossEntropyLoss`` (same arguments, same
     ``weight`` buffer in the state dict; class indices as targets, classes in
-    the last dim), plus ``z_loss``, ``softcap``, ``return_z_loss`` and
-    ``inplace_grad`` as in :func:`opsmith.cross_entropy`."""
+    the last dim), plus ``z_loss``, ``softcap``, ``return_z_loss``,
+    ``inplace_grad`` and ``loss_dtype`` as in :func:`opsmith.cross_entropy`."""
 
     __constants__ = ["ignore_index", "reduction", "label_smoothing", "z_loss", "softcap", "return_z_loss",
-                     "inplace_grad"]
+                     "inplace_grad", "loss_dtype"]
 
     def __init__(self, weight: Optional[torch.Tensor] = None, size_average=None, ignore_index: int = -100,
                  reduce=None, reduction: str = "mean", label_smoothing: float = 0.0, z_loss: float = 0.0,
-                 softcap: Optional[float] = None, return_z_loss: bool = False, inplace_grad: bool = False) -> None:
+                 softcap: Optional[float] = None, return_z_loss: bool = False, inplace_grad: bool = False,
+                 loss_dtype: Optional[torch.dtype] = None) -> None:
         super().__init__()
         if size_average is not None or reduce is not None:
             reduction = torch.nn._reduction.legacy_get_string(size_average, reduce)
@@ -240,11 +272,12 @@ class CrossEntropyLoss(torch.nn.Module):
         self.softcap = softcap
         self.return_z_loss = return_z_loss
         self.inplace_grad = inplace_grad
+        self.loss_dtype = loss_dtype
 
     def forward(self, input: torch.Tensor, target: torch.Tensor):
         return cross_entropy(input, target, self.weight, self.ignore_index, self.reduction, self.label_smoothing,
                              self.z_loss, self.softcap, return_z_loss=self.return_z_loss,
-                             inplace_grad=self.inplace_grad)
+                             inplace_grad=self.inplace_grad, loss_dtype=self.loss_dtype)
 
     def extra_repr(self) -> str:
         return f"ignore_index={self.ignore_index}, reduction={self.reduction!r}" + _options_repr(self)

@@ -31,7 +31,13 @@ typedef struct {
     opsmith_cross_entropy_reduction red;
     double scale; /* logits drawn in [-6, 6] times this (0: 1) */
     int mask;     /* every 7th logit but the target's is -inf (masked) */
+    int acc_loss; /* loss and z-loss in the accumulate type (unrounded), not the logits' */
 } ce_case;
+
+static opsmith_dtype loss_dtype_of(const ce_case *c)
+{
+    return c->acc_loss ? opsmith_dtype_accumulate(c->dt) : c->dt;
+}
 
 static double tol_of(opsmith_dtype dt)
 {
@@ -45,10 +51,11 @@ static double tol_of(opsmith_dtype dt)
 
 static const char *red_name(opsmith_cross_entropy_reduction r) { return r == 0 ? "none" : r == 1 ? "sum" : "mean"; }
 
-#define CASE_FMT "%s rows=%lld n=%lld pad=%lld off=%d w=%d ign=%d ls=%g z=%g cap=%g %s"
+#define CASE_FMT "%s rows=%lld n=%lld pad=%lld off=%d w=%d ign=%d ls=%g z=%g cap=%g %s loss %s"
 #define CASE_ARGS(c)                                                                                              \
     opsmith_dtype_name((c)->dt), (long long)(c)->rows, (long long)(c)->n, (long long)(c)->pad, (c)->off,          \
-        (c)->weighted, (c)->ignore_every, (c)->ls, (c)->z, (c)->cap, red_name((c)->red)
+        (c)->weighted, (c)->ignore_every, (c)->ls, (c)->z, (c)->cap, red_name((c)->red),                          \
+        opsmith_dtype_name(loss_dtype_of(c))
 
 /* Compares the (rows, n) elements of a padded buffer with ref, relative to
  * max |ref| (gradients of a mean are small); the padding must stay poison. */
@@ -80,10 +87,11 @@ static void check_grid(const ce_case *c, const char *what, const guarded_buf *ou
     CHECK(gaps && guarded_ok(out), "%s: " CASE_FMT ": wrote outside the tensor", what, CASE_ARGS(c));
 }
 
-/* count values of dtype dt (or of the accumulate type: acc) against ref */
-static void check_values(const ce_case *c, const char *what, const void *got, int acc, const double *ref, int64_t count)
+/* count values of dtype dt against ref, within tol_of(tol_dt) relative to
+ * max(1, max |ref|) */
+static void check_values(const ce_case *c, const char *what, const void *got, opsmith_dtype dt, opsmith_dtype tol_dt,
+                         const double *ref, int64_t count)
 {
-    const opsmith_dtype dt = acc ? opsmith_dtype_accumulate(c->dt) : c->dt;
     double err = 0.0, scale = 1.0;
     int nan_ok = 1;
     for (int64_t i = 0; i < count; i++) {
@@ -92,8 +100,8 @@ static void check_values(const ce_case *c, const char *what, const void *got, in
         else if (!isnan(g)) err = fmax(err, fabs(g - ref[i])), scale = fmax(scale, fabs(ref[i]));
     }
     CHECK(nan_ok, "%s: " CASE_FMT ": NaN differs from the reference", what, CASE_ARGS(c));
-    CHECK(err <= tol_of(c->dt) * scale, "%s: " CASE_FMT ": max err %.3e > %.3e", what, CASE_ARGS(c), err,
-          tol_of(c->dt) * scale);
+    CHECK(err <= tol_of(tol_dt) * scale, "%s: " CASE_FMT ": max err %.3e > %.3e", what, CASE_ARGS(c), err,
+          tol_of(tol_dt) * scale);
 }
 
 typedef struct {
@@ -178,7 +186,8 @@ static opsmith_status fwd_cpu(const ce_case *c, const ce_data *d, const void *x,
     void *ws = aligned_alloc(OPSMITH_WORKSPACE_ALIGNMENT, wb);
     const int64_t s = c->n + c->pad;
     opsmith_status st = opsmith_cross_entropy_fwd_cpu(c->dt, c->rows, c->n, x, s, d->target, 2, d->weight, d->ignore,
-                                                      c->ls, c->z, c->cap, c->red, loss, z, lse, dl, s, error, ws, wb);
+                                                      c->ls, c->z, c->cap, c->red, loss_dtype_of(c), loss, z, lse, dl,
+                                                      s, error, ws, wb);
     free(ws);
     return st;
 }
@@ -213,6 +222,7 @@ static opsmith_status fwd_cuda(const ce_case *c, const ce_data *d, const void *x
                                void *dl, int64_t *error)
 {
     const size_t es = opsmith_dtype_size(c->dt), as = opsmith_dtype_size(opsmith_dtype_accumulate(c->dt));
+    const size_t ls = opsmith_dtype_size(loss_dtype_of(c));
     const int64_t s = c->n + c->pad, outs = c->red == OPSMITH_CROSS_ENTROPY_REDUCTION_NONE ? c->rows : 1;
     const size_t wb = opsmith_cross_entropy_fwd_workspace_size(c->dt, c->rows, c->z), lead = (size_t)c->off * es;
     const size_t xbytes = d->bytes + 2 * GUARD;
@@ -224,17 +234,18 @@ static opsmith_status fwd_cuda(const ce_case *c, const ce_data *d, const void *x
     unsigned char *dx_ = dev_copy(xb, xbytes), *ddl = dl && !inplace ? dev_copy(dlb, xbytes) : NULL;
     int64_t *dt_ = dev_copy(d->target, sizeof(int64_t) * (size_t)(2 * c->rows + 1));
     void *dw = d->weight ? dev_copy(d->weight, as * (size_t)c->n) : NULL;
-    void *dloss = dev_copy(loss, es * (size_t)outs), *dz = z ? dev_copy(z, es * (size_t)outs) : NULL;
+    void *dloss = dev_copy(loss, ls * (size_t)outs), *dz = z ? dev_copy(z, ls * (size_t)outs) : NULL;
     void *dlse = lse ? dev_copy(lse, as * (size_t)(c->rows + 1)) : NULL, *dws = dev_copy(NULL, wb);
     int64_t *derr = dev_copy(zero_error, sizeof zero_error);
     unsigned char *dlp = !dl ? NULL : inplace ? dx_ + GUARD + lead : ddl + GUARD + lead;
     opsmith_status st = opsmith_cross_entropy_fwd_cuda(c->dt, c->rows, c->n, dx_ + GUARD + lead, s, dt_, 2, dw,
-                                                       d->ignore, c->ls, c->z, c->cap, c->red, dloss, dz, dlse, dlp, s,
+                                                       d->ignore, c->ls, c->z, c->cap, c->red, loss_dtype_of(c), dloss,
+                                                       dz, dlse, dlp, s,
                                                        derr, dws, wb, NULL);
     cuda_ok(cudaDeviceSynchronize(), "fwd");
     if (inplace) dev_back(dlb, dx_, xbytes);
     else cudaFree(dx_), dev_back(dlb, ddl, xbytes);
-    dev_back(loss, dloss, es * (size_t)outs), dev_back(z, dz, es * (size_t)outs);
+    dev_back(loss, dloss, ls * (size_t)outs), dev_back(z, dz, ls * (size_t)outs);
     dev_back(lse, dlse, as * (size_t)c->rows);
     dev_back(error ? error : zero_error, derr, sizeof zero_error);
     cudaFree(dt_), cudaFree(dw), cudaFree(dws);
@@ -273,7 +284,8 @@ static int cuda_begin(void)
     static float x[8], loss[2];
     static int64_t t[2], err[3];
     opsmith_status st = opsmith_cross_entropy_fwd_cuda(OPSMITH_DTYPE_F32, 2, 4, x, 4, t, 1, NULL, -100, 0, 0, 0,
-                                                       OPSMITH_CROSS_ENTROPY_REDUCTION_MEAN, loss, NULL, NULL, NULL, 4,
+                                                       OPSMITH_CROSS_ENTROPY_REDUCTION_MEAN, OPSMITH_DTYPE_F32, loss, NULL,
+                                                       NULL, NULL, 4,
                                                        err, NULL, 0, NULL);
     CHECK(opsmith_has_cuda() || (st == OPSMITH_STATUS_CUDA_UNAVAILABLE && strstr(opsmith_last_error(), "without CUDA")),
           "CUDA-less cross_entropy_fwd_cuda returned \"%s\" (%s)", opsmith_status_string(st), opsmith_last_error());
@@ -289,12 +301,13 @@ static int cuda_begin(void)
 static void run(const char *be, fwd_fn fwd, bwd_fn bwd, const ce_case *c, const ce_data *d, test_rng *rng)
 {
     char what[96];
-    const size_t es = opsmith_dtype_size(c->dt), as = opsmith_dtype_size(opsmith_dtype_accumulate(c->dt));
+    const opsmith_dtype acc = opsmith_dtype_accumulate(c->dt), ldt = loss_dtype_of(c);
+    const size_t es = opsmith_dtype_size(c->dt), as = opsmith_dtype_size(acc), ls = opsmith_dtype_size(ldt);
     const int64_t outs = c->red == OPSMITH_CROSS_ENTROPY_REDUCTION_NONE ? c->rows : 1, count = c->rows * c->n;
-    void *loss = malloc(es * (size_t)(outs + 1)), *z = malloc(es * (size_t)(outs + 1));
+    void *loss = malloc(ls * (size_t)(outs + 1)), *z = malloc(ls * (size_t)(outs + 1));
     void *lse = malloc(as * (size_t)(c->rows + 1));
     guarded_buf dl = guarded_new(d->bytes, POISON_BYTE), dx = guarded_new(d->bytes, POISON_BYTE);
-    memset(loss, POISON_BYTE, es * (size_t)outs), memset(z, POISON_BYTE, es * (size_t)outs);
+    memset(loss, POISON_BYTE, ls * (size_t)outs), memset(z, POISON_BYTE, ls * (size_t)outs);
     memset(lse, POISON_BYTE, as * (size_t)c->rows);
     int64_t error[OPSMITH_CROSS_ENTROPY_ERROR_COUNT] = {0};
 
@@ -302,29 +315,31 @@ static void run(const char *be, fwd_fn fwd, bwd_fn bwd, const ce_case *c, const 
     opsmith_status st = fwd(c, d, at_off(&d->x, c), loss, z, lse, at_off(&dl, c), error);
     snprintf(what, sizeof what, "%s fwd", be);
     if (CHECK(st == OPSMITH_STATUS_SUCCESS, "%s: %s (%s)", what, opsmith_status_string(st), opsmith_last_error())) {
-        check_values(c, "loss", loss, 0, d->loss_ref, outs);
-        check_values(c, "z_loss", z, 0, d->z_ref, outs);
-        check_values(c, "lse", lse, 1, d->lse_ref, c->rows);
+        /* a loss in the accumulate type is held to that type's tolerance:
+         * rounding it to the logits' 16 bits fails */
+        check_values(c, "loss", loss, ldt, ldt, d->loss_ref, outs);
+        check_values(c, "z_loss", z, ldt, ldt, d->z_ref, outs);
+        check_values(c, "lse", lse, acc, c->dt, d->lse_ref, c->rows);
         check_grid(c, what, &dl, d->dl_ref);
         CHECK(error[0] == 0, "%s: " CASE_FMT ": error flag set", what, CASE_ARGS(c));
     }
     /* in place: the gradient over a copy of the logits */
     guarded_buf xi = guarded_new(d->bytes, GUARD_BYTE);
     memcpy(xi.base, d->x.base, d->bytes + 2 * GUARD);
-    memset(loss, POISON_BYTE, es * (size_t)outs);
+    memset(loss, POISON_BYTE, ls * (size_t)outs);
     st = fwd(c, d, at_off(&xi, c), loss, NULL, NULL, at_off(&xi, c), NULL);
     snprintf(what, sizeof what, "%s fwd in place", be);
     if (CHECK(st == OPSMITH_STATUS_SUCCESS, "%s: %s (%s)", what, opsmith_status_string(st), opsmith_last_error())) {
-        check_values(c, "loss (in place)", loss, 0, d->loss_ref, outs);
+        check_values(c, "loss (in place)", loss, ldt, ldt, d->loss_ref, outs);
         /* the padding holds the logits' poison: compare only the rows */
         check_grid(c, what, &xi, d->dl_ref);
     }
     free(xi.base);
     /* no gradient: the loss alone */
-    memset(loss, POISON_BYTE, es * (size_t)outs);
+    memset(loss, POISON_BYTE, ls * (size_t)outs);
     st = fwd(c, d, at_off(&d->x, c), loss, NULL, NULL, NULL, NULL);
     if (CHECK(st == OPSMITH_STATUS_SUCCESS, "%s fwd (no grad): %s", be, opsmith_last_error()))
-        check_values(c, "loss (no grad)", loss, 0, d->loss_ref, outs);
+        check_values(c, "loss (no grad)", loss, ldt, ldt, d->loss_ref, outs);
 
     /* backward: dx = grad * dlogits, from the kernel's own dlogits */
     const int64_t gs = c->red == OPSMITH_CROSS_ENTROPY_REDUCTION_NONE ? 1 : 0, gcount = gs ? c->rows : 1;
@@ -355,7 +370,7 @@ static void run(const char *be, fwd_fn fwd, bwd_fn bwd, const ce_case *c, const 
  * device (row, value) and makes that row's loss NaN. */
 static void test_bad_target(const char *be, fwd_fn fwd, int cuda, int64_t n)
 {
-    const ce_case c = {OPSMITH_DTYPE_F32, 4, n, 0, 0, 0, 0, 0.0, 0.0, 0.0, OPSMITH_CROSS_ENTROPY_REDUCTION_NONE, 0, 0};
+    const ce_case c = {OPSMITH_DTYPE_F32, 4, n, 0, 0, 0, 0, 0.0, 0.0, 0.0, OPSMITH_CROSS_ENTROPY_REDUCTION_NONE, 0, 0, 0};
     test_rng rng = {42};
     ce_data d;
     data_init(&d, &c, &rng);
@@ -393,8 +408,8 @@ static void test_bad_args(void)
     const opsmith_status INVALID = OPSMITH_STATUS_INVALID_ARGUMENT;
     const opsmith_cross_entropy_reduction MEAN = OPSMITH_CROSS_ENTROPY_REDUCTION_MEAN;
 #define FWD(rows, n, X, XS, T, LS, Z, CAP, RED, LOSS, DL, DLS, WS, WB)                                            \
-    opsmith_cross_entropy_fwd_cpu(F32, rows, n, X, XS, T, 1, NULL, -100, LS, Z, CAP, RED, LOSS, NULL, NULL, DL, DLS, \
-                                  NULL, WS, WB)
+    opsmith_cross_entropy_fwd_cpu(F32, rows, n, X, XS, T, 1, NULL, -100, LS, Z, CAP, RED, F32, LOSS, NULL, NULL, DL, \
+                                  DLS, NULL, WS, WB)
     expect(FWD(2, 4, x, 4, t, 0, 0, 0, MEAN, loss, dl, 4, ws, sizeof ws), OPSMITH_STATUS_SUCCESS, "", "valid fwd");
     expect(FWD(-1, 4, x, 4, t, 0, 0, 0, MEAN, loss, dl, 4, ws, sizeof ws), INVALID, "rows (-1)", "rows < 0");
     expect(FWD(2, 0, x, 4, t, 0, 0, 0, MEAN, loss, dl, 4, ws, sizeof ws), INVALID, "n (0)", "n = 0");
@@ -427,9 +442,16 @@ static void test_bad_args(void)
            "partial alias");
     expect(FWD(2, 4, (char *)x + 1, 4, t, 0, 0, 0, MEAN, loss, dl, 4, ws, sizeof ws), OPSMITH_STATUS_MISALIGNED,
            "logits (", "misaligned logits");
-    expect(opsmith_cross_entropy_fwd_cpu(OPSMITH_DTYPE_I32, 2, 4, x, 4, t, 1, NULL, -100, 0, 0, 0, MEAN, loss, NULL, NULL,
-                                         NULL, 4, NULL, ws, sizeof ws),
+    expect(opsmith_cross_entropy_fwd_cpu(OPSMITH_DTYPE_I32, 2, 4, x, 4, t, 1, NULL, -100, 0, 0, 0, MEAN,
+                                         OPSMITH_DTYPE_I32, loss, NULL, NULL, NULL, 4, NULL, ws, sizeof ws),
            OPSMITH_STATUS_UNSUPPORTED_DTYPE, "i32", "integer dtype");
+    /* the loss in the logits' dtype or their accumulate type, nothing else */
+    expect(opsmith_cross_entropy_fwd_cpu(F32, 2, 4, x, 4, t, 1, NULL, -100, 0, 0, 0, MEAN, OPSMITH_DTYPE_F64, loss, NULL,
+                                         NULL, dl, 4, NULL, ws, sizeof ws),
+           INVALID, "loss_dtype (f64) must be the logits' dtype (f32) or its accumulate type (f32)", "f64 loss, f32 logits");
+    expect(opsmith_cross_entropy_fwd_cpu(OPSMITH_DTYPE_BF16, 2, 4, x, 4, t, 1, NULL, -100, 0, 0, 0, MEAN,
+                                         OPSMITH_DTYPE_F16, loss, NULL, NULL, NULL, 4, NULL, ws, sizeof ws),
+           INVALID, "loss_dtype (f16)", "f16 loss, bf16 logits");
     expect(opsmith_cross_entropy_bwd_cpu(F32, 2, 4, loss, 0, dl, 4, x, 4), OPSMITH_STATUS_SUCCESS, "", "valid bwd");
     expect(opsmith_cross_entropy_bwd_cpu(F32, 2, 4, loss, 2, dl, 4, x, 4), INVALID, "grad_stride (2)", "grad stride");
     expect(opsmith_cross_entropy_bwd_cpu(F32, 2, 4, NULL, 0, dl, 4, x, 4), INVALID, "grad is NULL", "grad NULL");
@@ -448,6 +470,7 @@ static void run_list(const ce_case *shapes, size_t count, int cuda, int cuda_onl
         for (size_t k = 0; k < count; k++) {
             ce_case c = shapes[k];
             c.dt = dt;
+            c.acc_loss = (int)(k % 2); /* every other shape: the loss unrounded, as under autocast */
             /* logits scaled by 1e4: float32 and float64 only */
             if (c.scale > 1.0 && dt != OPSMITH_DTYPE_F32 && dt != OPSMITH_DTYPE_F64) continue;
             /* the CPU takes the CUDA plans' cases that are small enough to be quick */
@@ -478,8 +501,8 @@ static void test_infinite_logit(void)
         for (int64_t i = 0; i < 2 * n; i++) x[i] = (float)((i * 7) % 11) * 0.25f - 1.0f;
         x[3] = INFINITY;
         const opsmith_status st = opsmith_cross_entropy_fwd_cpu(
-            OPSMITH_DTYPE_F32, 2, n, x, n, t, 1, NULL, -100, 0.0, 0.0, 0.0, OPSMITH_CROSS_ENTROPY_REDUCTION_NONE, loss,
-            NULL, NULL, dl, n, NULL, ws, sizeof ws);
+            OPSMITH_DTYPE_F32, 2, n, x, n, t, 1, NULL, -100, 0.0, 0.0, 0.0, OPSMITH_CROSS_ENTROPY_REDUCTION_NONE,
+            OPSMITH_DTYPE_F32, loss, NULL, NULL, dl, n, NULL, ws, sizeof ws);
         CHECK(st == OPSMITH_STATUS_SUCCESS, "n=%lld: status %d", (long long)n, (int)st);
         int row0_nan = isnan(loss[0]), row1_finite = isfinite(loss[1]);
         for (int64_t c = 0; c < n; c++) row0_nan &= isnan(dl[c]) != 0, row1_finite &= isfinite(dl[n + c]) != 0;
@@ -498,16 +521,16 @@ HARNESS_GROUP(test_cross_entropy)
     /* widths around the CPU's LANES and the CUDA packs and block sweeps;
      * padded and offset (unaligned: the scalar paths) rows; every option */
     const ce_case shapes[] = {
-        {0, 1, 1, 0, 0, 0, 0, 0.0, 0.0, 0.0, MEAN, 0, 0},      {0, 3, 7, 0, 0, 0, 0, 0.0, 0.0, 0.0, NONE, 0, 0},
-        {0, 5, 64, 0, 0, 1, 2, 0.1, 0.0, 0.0, MEAN, 0, 0},     {0, 4, 5, 0, 0, 1, 3, 0.2, 1e-3, 0.0, SUM, 0, 0},
-        {0, 7, 33, 5, 1, 0, 3, 0.0, 1e-2, 5.0, MEAN, 0, 0},    {0, 4, 256, 8, 0, 1, 0, 0.3, 1e-4, 2.0, NONE, 0, 0},
-        {0, 2, 4099, 0, 0, 0, 0, 0.0, 0.0, 0.0, MEAN, 0, 0},   {0, 3, 8193, 0, 3, 1, 2, 0.1, 1e-4, 30.0, SUM, 0, 0},
-        {0, 300, 129, 0, 0, 0, 5, 0.05, 0.0, 0.0, MEAN, 0, 0}, {0, 6, 40000, 16, 0, 1, 4, 0.1, 1e-4, 0.0, NONE, 0, 0},
-        {0, 2, 262144, 0, 0, 1, 0, 0.1, 1e-4, 30.0, MEAN, 0, 0}, /* Gemma's vocabulary */
-        {0, 3, 128259, 5, 1, 0, 0, 0.0, 0.0, 0.0, SUM, 0, 0},   /* wide, odd and unaligned: the scalar path */
-        {0, 4, 16, 0, 0, 1, -1, 0.1, 1e-4, 0.0, MEAN, 0, 0},   /* every row ignored: NaN, gradient 0 */
-        {0, 4, 16, 0, 0, 0, -1, 0.0, 0.0, 0.0, SUM, 0, 0},     {0, 0, 16, 0, 0, 0, 0, 0.0, 0.0, 0.0, MEAN, 0, 0},
-        {0, 0, 16, 0, 0, 0, 0, 0.0, 0.0, 0.0, SUM, 0, 0},
+        {0, 1, 1, 0, 0, 0, 0, 0.0, 0.0, 0.0, MEAN, 0, 0, 0},      {0, 3, 7, 0, 0, 0, 0, 0.0, 0.0, 0.0, NONE, 0, 0, 0},
+        {0, 5, 64, 0, 0, 1, 2, 0.1, 0.0, 0.0, MEAN, 0, 0, 0},     {0, 4, 5, 0, 0, 1, 3, 0.2, 1e-3, 0.0, SUM, 0, 0, 0},
+        {0, 7, 33, 5, 1, 0, 3, 0.0, 1e-2, 5.0, MEAN, 0, 0, 0},    {0, 4, 256, 8, 0, 1, 0, 0.3, 1e-4, 2.0, NONE, 0, 0, 0},
+        {0, 2, 4099, 0, 0, 0, 0, 0.0, 0.0, 0.0, MEAN, 0, 0, 0},   {0, 3, 8193, 0, 3, 1, 2, 0.1, 1e-4, 30.0, SUM, 0, 0, 0},
+        {0, 300, 129, 0, 0, 0, 5, 0.05, 0.0, 0.0, MEAN, 0, 0, 0}, {0, 6, 40000, 16, 0, 1, 4, 0.1, 1e-4, 0.0, NONE, 0, 0, 0},
+        {0, 2, 262144, 0, 0, 1, 0, 0.1, 1e-4, 30.0, MEAN, 0, 0, 0}, /* Gemma's vocabulary */
+        {0, 3, 128259, 5, 1, 0, 0, 0.0, 0.0, 0.0, SUM, 0, 0, 0},   /* wide, odd and unaligned: the scalar path */
+        {0, 4, 16, 0, 0, 1, -1, 0.1, 1e-4, 0.0, MEAN, 0, 0, 0},   /* every row ignored: NaN, gradient 0 */
+        {0, 4, 16, 0, 0, 0, -1, 0.0, 0.0, 0.0, SUM, 0, 0, 0},     {0, 0, 16, 0, 0, 0, 0, 0.0, 0.0, 0.0, MEAN, 0, 0, 0},
+        {0, 0, 16, 0, 0, 0, 0, 0.0, 0.0, 0.0, SUM, 0, 0, 0},
     };
     run_list(shapes, sizeof shapes / sizeof shapes[0], cuda, 0, 0xCE5EEDull);
     test_infinite_logit();
@@ -519,19 +542,19 @@ HARNESS_GROUP(test_cross_entropy)
      * 1e4 in float32 (the gradient's p = exp(y - m) / sum, no lse formed);
      * masked (-inf) logits; ignored rows inside a cluster launch */
     const ce_case wide[] = {
-        {0, 4, 128256, 0, 0, 1, 3, 0.1, 1e-4, 0.0, MEAN, 0, 0},  {0, 3, 128256, 8, 0, 0, 0, 0.0, 0.0, 30.0, NONE, 0, 0},
-        {0, 2, 262144, 0, 0, 0, 0, 0.0, 1e-4, 0.0, SUM, 0, 0},    {0, 1, 128257, 0, 0, 1, 0, 0.1, 1e-3, 0.0, MEAN, 0, 0},
-        {0, 1, 262151, 0, 0, 0, 0, 0.0, 0.0, 0.0, NONE, 0, 0},    {0, 3, 16384, 8, 0, 1, 2, 0.2, 0.0, 5.0, MEAN, 0, 0},
-        {0, 9, 32000, 0, 0, 0, 0, 0.0, 0.0, 0.0, MEAN, 0, 0},     {0, 5, 70000, 0, 2, 1, 0, 0.1, 1e-4, 0.0, SUM, 0, 0},
-        {0, 3, 128256, 0, 0, 0, 2, 0.0, 1e-4, 0.0, MEAN, 1e4, 0}, {0, 14, 15631, 0, 0, 0, 0, 0.0, 0.0, 0.0, NONE, 1e4, 0},
-        {0, 2, 262144, 0, 0, 1, 0, 0.1, 0.0, 0.0, SUM, 1e4, 0},  {0, 7, 4096, 0, 3, 0, 0, 0.0, 0.0, 0.0, NONE, 1e4, 0},
-        {0, 2, 128256, 0, 0, 0, 0, 0.0, 1e-4, 0.0, MEAN, 0, 1},   {0, 4, 65536, 0, 0, 1, 0, 0.0, 0.0, 0.0, NONE, 0, 1},
-        {0, 6, 100000, 0, 0, 0, -1, 0.1, 1e-4, 0.0, MEAN, 0, 0}, {0, 2, 1000, 0, 0, 0, 0, 0.0, 0.0, 0.0, SUM, 0, 0},
-        {0, 5, 100, 0, 0, 0, 0, 0.0, 0.0, 0.0, MEAN, 0, 1},      {0, 3, 1001, 3, 0, 1, 0, 0.0, 1e-4, 0.0, NONE, 0, 1},
-        {0, 3, 1001, 0, 1, 0, 0, 0.0, 0.0, 0.0, SUM, 0, 1}, /* masked, unaligned: the streaming scalar path */
+        {0, 4, 128256, 0, 0, 1, 3, 0.1, 1e-4, 0.0, MEAN, 0, 0, 0},  {0, 3, 128256, 8, 0, 0, 0, 0.0, 0.0, 30.0, NONE, 0, 0, 0},
+        {0, 2, 262144, 0, 0, 0, 0, 0.0, 1e-4, 0.0, SUM, 0, 0, 0},    {0, 1, 128257, 0, 0, 1, 0, 0.1, 1e-3, 0.0, MEAN, 0, 0, 0},
+        {0, 1, 262151, 0, 0, 0, 0, 0.0, 0.0, 0.0, NONE, 0, 0, 0},    {0, 3, 16384, 8, 0, 1, 2, 0.2, 0.0, 5.0, MEAN, 0, 0, 0},
+        {0, 9, 32000, 0, 0, 0, 0, 0.0, 0.0, 0.0, MEAN, 0, 0, 0},     {0, 5, 70000, 0, 2, 1, 0, 0.1, 1e-4, 0.0, SUM, 0, 0, 0},
+        {0, 3, 128256, 0, 0, 0, 2, 0.0, 1e-4, 0.0, MEAN, 1e4, 0, 0}, {0, 14, 15631, 0, 0, 0, 0, 0.0, 0.0, 0.0, NONE, 1e4, 0, 0},
+        {0, 2, 262144, 0, 0, 1, 0, 0.1, 0.0, 0.0, SUM, 1e4, 0, 0},  {0, 7, 4096, 0, 3, 0, 0, 0.0, 0.0, 0.0, NONE, 1e4, 0, 0},
+        {0, 2, 128256, 0, 0, 0, 0, 0.0, 1e-4, 0.0, MEAN, 0, 1, 0},   {0, 4, 65536, 0, 0, 1, 0, 0.0, 0.0, 0.0, NONE, 0, 1, 0},
+        {0, 6, 100000, 0, 0, 0, -1, 0.1, 1e-4, 0.0, MEAN, 0, 0, 0}, {0, 2, 1000, 0, 0, 0, 0, 0.0, 0.0, 0.0, SUM, 0, 0, 0},
+        {0, 5, 100, 0, 0, 0, 0, 0.0, 0.0, 0.0, MEAN, 0, 1, 0},      {0, 3, 1001, 3, 0, 1, 0, 0.0, 1e-4, 0.0, NONE, 0, 1, 0},
+        {0, 3, 1001, 0, 1, 0, 0, 0.0, 0.0, 0.0, SUM, 0, 1, 0}, /* masked, unaligned: the streaming scalar path */
         /* logits of magnitude 1e30 (on chip, cluster, streaming) */
-        {0, 4, 4096, 0, 0, 1, 0, 0.0, 0.0, 0.0, MEAN, 1e30, 0},  {0, 2, 128256, 0, 0, 0, 0, 0.0, 0.0, 0.0, NONE, 1e30, 0},
-        {0, 3, 999, 0, 1, 0, 0, 0.0, 0.0, 0.0, SUM, 1e30, 0},
+        {0, 4, 4096, 0, 0, 1, 0, 0.0, 0.0, 0.0, MEAN, 1e30, 0, 0},  {0, 2, 128256, 0, 0, 0, 0, 0.0, 0.0, 0.0, NONE, 1e30, 0, 0},
+        {0, 3, 999, 0, 1, 0, 0, 0.0, 0.0, 0.0, SUM, 1e30, 0, 0},
     };
     run_list(wide, sizeof wide / sizeof wide[0], cuda, 1, 0xCE5EED2ull);
     test_bad_target("cpu", fwd_cpu, 0, 5);
