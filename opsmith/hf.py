@@ -34,7 +34,13 @@ A model instance is patched in place: each module's class becomes an opsmith
 subclass of its Hugging Face class (isinstance still holds, parameters and
 buffers are the same objects). Patching classes replaces the module-level
 names the modeling code looks up when it builds a model, so every model built
-afterwards uses opsmith. Patching twice is harmless.
+afterwards uses opsmith; the causal LM's forward and loss are set on the
+Hugging Face class itself, so a model of that class built before takes the
+fused loss as well (its norms and MLPs stay as they were). Patching twice is
+harmless; the recompute options of a class patch hold for every model built
+from it. A patched model saves through state_dict() or save_pretrained() (its
+weights are the Hugging Face model's); pickling the whole object
+(torch.save(model)) is not supported.
 """
 import importlib
 import inspect
@@ -211,8 +217,20 @@ def _glu_activation(act) -> Optional[str]:
 
 def _plain_linear(m) -> bool:
     # a torch.nn.Linear that its own forward would compute as F.linear: no
-    # subclass (LoRA, quantised layers), no hooks
-    return type(m) is torch.nn.Linear and not m._forward_hooks and not m._forward_pre_hooks
+    # subclass (LoRA, quantised layers), no hooks of its own or global ones
+    from torch.nn.modules import module as _module
+    return (type(m) is torch.nn.Linear and not m._forward_hooks and not m._forward_pre_hooks
+            and not _module._global_forward_hooks and not _module._global_forward_pre_hooks)
+
+
+def _slice_logits_to_keep(hidden, logits_to_keep):
+    try:  # Hugging Face's own (2-D positions and masks too), where it has one
+        from transformers.modeling_utils import slice_logits_to_keep
+    except ImportError:  # pragma: no cover (older transformers: an int or 1-D positions)
+        if isinstance(logits_to_keep, int):
+            return hidden[:, -logits_to_keep:, :] if logits_to_keep else hidden
+        return hidden[:, logits_to_keep, :]
+    return slice_logits_to_keep(hidden, logits_to_keep)
 
 
 def _mlp_forward(self, x):
@@ -283,7 +301,9 @@ def _causal_lm_forward(self, input_ids=None, attention_mask=None, position_ids=N
     cross-entropy: when training with labels (or skip_logits=True) the loss
     comes from the hidden states and the lm_head weight and no logits are made
     (the output's logits are None); otherwise Hugging Face's path (logits, and
-    the loss from them when labels are given)."""
+    the loss from them when labels are given). An lm_head that is not a plain
+    torch.nn.Linear (a LoRA adapter, a quantised layer) or has hooks takes
+    Hugging Face's path, so that its own forward runs."""
     from transformers.modeling_outputs import CausalLMOutputWithPast
     outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                          past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache, **kwargs)
@@ -294,18 +314,16 @@ def _causal_lm_forward(self, input_ids=None, attention_mask=None, position_ids=N
     if skip_logits and labels is None and kwargs.get("shift_labels") is None:
         raise ValueError("skip_logits=True needs labels (the loss is all such a forward computes)")
     logits = loss = None
-    if skip_logits:
+    if skip_logits and _plain_linear(self.lm_head):
         loss = fused_causal_lm_loss(hidden, self.lm_head, labels, softcap=softcap, **kwargs)
     else:
-        if isinstance(logits_to_keep, int):
-            hidden = hidden[:, -logits_to_keep:, :] if logits_to_keep else hidden
-        else:
-            hidden = hidden[:, logits_to_keep, :]
-        logits = self.lm_head(hidden)
+        logits = self.lm_head(_slice_logits_to_keep(hidden, logits_to_keep))
         if softcap is not None:
             logits = torch.tanh(logits / softcap) * softcap
         if labels is not None:
             loss = self.loss_function(logits, labels, self.vocab_size, **kwargs)
+        if skip_logits:  # asked for no logits: the loss alone, as the fused path gives it
+            logits = None
     return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=outputs.past_key_values,
                                   hidden_states=outputs.hidden_states, attentions=outputs.attentions)
 

@@ -119,6 +119,20 @@ class AdamW(torch.optim.Optimizer):
         self.last_grad_norm = norm
         return torch.clamp(self.max_grad_norm / (norm + 1e-6), max=1.0)
 
+    def _state_still(self, buckets) -> bool:
+        """Whether self.state still holds the cached buckets' tensors, read at
+        each bucket's first and last param: a state cleared or replaced by the
+        caller (opt.state = defaultdict(dict), opt.state[p].clear() for every
+        p, a reset of the moments) makes the buckets again, with fresh state
+        (a cost independent of the number of params)."""
+        state = self.state
+        for b in buckets:
+            for i in (0, -1):
+                st = state.get(b["p"][i])
+                if st is None or st.get("exp_avg") is not b["m"][i] or st.get("step") is not b["s"][i]:
+                    return False
+        return True
+
     def _buckets(self, gi: int, group) -> List[Dict[str, Any]]:
         """The group's params with grads, split by (device, param dtype, grad
         dtype, master or not), with their state lists. Built (state made,
@@ -129,7 +143,7 @@ class AdamW(torch.optim.Optimizer):
         has_grad = [p.grad is not None for p in params]
         key = (has_grad, group["amsgrad"], group["master_weights"], self._state_version)
         cached = self._bucket_cache.get(gi)
-        if cached is not None and cached[0] == key:
+        if cached is not None and cached[0] == key and self._state_still(cached[1]):
             return cached[1]
         by_key: Dict[Any, Dict[str, Any]] = {}
         for p, g in zip(params, has_grad):

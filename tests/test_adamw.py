@@ -117,6 +117,38 @@ def test_grads_appearing_and_vanishing_between_steps():
     assert_close_params(pa, pb)
 
 
+@pytest.mark.parametrize("reset", ["reassign", "clear_all", "clear_each", "zero_moments"])
+def test_state_reset_by_the_caller(reset):
+    # a reset of the optimizer's state between steps (a new state dict,
+    # every param's state cleared, fresh moments) is followed, as by
+    # torch.optim.AdamW: the reused per-group lists must not keep updating
+    # the old tensors
+    from collections import defaultdict
+
+    pa = make_params(SHAPES, "cpu")
+    pb = clone_params(pa)
+    ours, theirs = AdamW(pa, lr=1e-2), torch.optim.AdamW(pb, lr=1e-2)
+    for s in range(4):
+        set_grads(pa, s), set_grads(pb, s)
+        if s == 2:
+            for opt in (ours, theirs):
+                if reset == "reassign":
+                    opt.state = defaultdict(dict)
+                elif reset == "clear_all":
+                    opt.state.clear()
+                elif reset == "clear_each":
+                    for p in opt.state:
+                        opt.state[p].clear()
+                else:
+                    for p in opt.state:
+                        opt.state[p]["exp_avg"] = torch.zeros_like(opt.state[p]["exp_avg"])
+                        opt.state[p]["exp_avg_sq"] = torch.zeros_like(opt.state[p]["exp_avg_sq"])
+        ours.step(), theirs.step()
+    assert_close_params(pa, pb)
+    for p, q in zip(pa, pb):
+        assert float(ours.state[p]["step"]) == float(theirs.state[q]["step"])
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_lr_as_tensor_and_scheduler(device):
     pa = make_params(SHAPES, device)

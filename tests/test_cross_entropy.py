@@ -399,6 +399,13 @@ def test_float32_loss_gradient(device, inplace_grad):
     want, xd = torch_reference(x, t, w, reduction="none")
     (gw,) = torch.autograd.grad(want, xd, incoming.double().cpu() if device == "cpu" else incoming.double())
     assert_grad_close(g, gw, torch.bfloat16, "grad through a float32 loss")
+    # the float32 incoming gradient is read unrounded: each element is the
+    # float32 product of the saved gradient and it, rounded once (rounding
+    # the incoming gradient to bfloat16 first changes some of them)
+    (dl,) = torch.autograd.grad(cross_entropy(xg, t, w, reduction="none"), xg, torch.ones(32, device=device,
+                                                                                         dtype=torch.bfloat16))
+    assert torch.equal(g, (dl.float() * incoming[:, None]).to(torch.bfloat16))
+    assert not torch.equal(g, (dl.float() * incoming.to(torch.bfloat16).float()[:, None]).to(torch.bfloat16))
     # route A takes the float32 gradient as well
     xa = x.clone().requires_grad_()
     la = cross_entropy_pybind(xa, t, w, reduction="none", loss_dtype=torch.float32)
@@ -428,6 +435,12 @@ def test_loss_dtype_errors_and_module(device):
                           {"loss_dtype": torch.float32})
     torch.library.opcheck(torch.ops.opsmith.cross_entropy_fwd_.default, (x.clone(), t, None, -100, 0.0, 0.0, 0.0, 0),
                           {"loss_dtype": torch.float32})
+    # the backward op takes the gradient in dlogits' dtype or float32, nothing else
+    dl = torch.randn(4, 8, device=device).to(torch.bfloat16)
+    torch.library.opcheck(torch.ops.opsmith.cross_entropy_bwd.default, (torch.rand(4, device=device), dl))
+    with pytest.raises(RuntimeError, match=r"cross_entropy: grad must have dlogits' dtype \(BFloat16\) or float32, "
+                                           r"got Double"):
+        torch.ops.opsmith.cross_entropy_bwd(torch.tensor(2.0, dtype=torch.float64, device=device), dl)
 
 
 def test_compiled_loss_under_autocast():

@@ -246,6 +246,11 @@ def test_bad_inputs_name_the_argument(device):
         opsmith.fused_add_rms_norm(x, r, w, -1.0)
     with pytest.raises(ValueError, match=r"^fused_add_rms_norm: casting_mode must be"):
         opsmith.fused_add_rms_norm(x, r, w, casting_mode="LLAMA")
+    for fn, name in ((opsmith.fused_add_rms_norm, "fused_add_rms_norm"), (fused_add_rms_norm_pybind, "fused_add_rms_norm"),
+                     (opsmith.fused_add_rms_norm_, "fused_add_rms_norm_")):
+        with torch.no_grad(), pytest.raises(TypeError, match=rf"^{name}: weight must be a tensor of the hidden size "
+                                                               r"\(this norm always has one\), got NoneType"):
+            fn(x, r.clone(), None)
     _, h, inv = torch.ops.opsmith.fused_add_rms_norm_fwd(x, r, w, EPS)
     with pytest.raises(RuntimeError, match=r"^fused_add_rms_norm: dh must have the dtype of h \(Float\), got Double"):
         torch.ops.opsmith.fused_add_rms_norm_bwd(x, x.double(), h, w, inv)

@@ -169,6 +169,23 @@ def test_route_a_equals_route_b(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_float32_incoming_gradient_read_unrounded(device):
+    # the loss is float32: its gradient (here 1/7, as a mean over 7 items
+    # gives) scales each 16-bit gradient in float32, rounded once, through
+    # both routes; rounding 1/7 to bfloat16 first would change some elements
+    h, w, b, t = make(21, 16, 45, torch.bfloat16, device)
+    for fn in (fused_linear_cross_entropy, fused_linear_cross_entropy_pybind):
+        grads = []
+        for scale in (1.0, 1.0 / 7.0):
+            hg, wg = h.clone().requires_grad_(), w.clone().requires_grad_()
+            (fn(hg, wg, t, chunk_size=6) * scale).backward()
+            grads.append((hg.grad, wg.grad))
+        for one, seventh in zip(*grads):
+            assert torch.equal(seventh, (one.float() * (1.0 / 7.0)).to(torch.bfloat16))
+            assert not torch.equal(seventh, (one.float() * torch.tensor(1.0 / 7.0).bfloat16().float()).bfloat16())
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_no_grad_and_partial_grads(device):
     h, w, b, t = make(17, 16, 45, torch.float32, device)
     # the same chunks as the calls below: on CUDA the logits' products (cuBLASLt) round
@@ -310,6 +327,25 @@ def test_module_shares_lm_head():
     loss2, z = m2(x, t.clamp(min=0))
     assert z.item() > 0 and loss2.item() > z.item()
     assert opsmith.nn.FusedLinearCrossEntropyLoss is FusedLinearCrossEntropyLoss
+
+
+def test_module_keeps_a_computed_or_plain_weight():
+    # a head merged from an adapter (computed from other tensors) and a plain
+    # leaf tensor are kept as they are: the gradient reaches A and B, and the
+    # leaf's own .grad, not a copy the module made
+    torch.manual_seed(1)
+    base, a, b = torch.randn(20, 8), torch.randn(20, 2, requires_grad=True), torch.randn(2, 8, requires_grad=True)
+    leaf = torch.randn(20, 8, requires_grad=True)
+    x, t = torch.randn(6, 8), torch.randint(0, 20, (6,))
+    for make_w, wanted in ((lambda: base + a @ b, (a, b)), (lambda: leaf, (leaf,))):
+        w = make_w()
+        loss_fn = FusedLinearCrossEntropyLoss(w)
+        assert loss_fn.weight is w and set(loss_fn.state_dict()) == {"weight"} and not list(loss_fn.parameters())
+        got = torch.autograd.grad(loss_fn(x, t), wanted)
+        ref = torch.autograd.grad(F.cross_entropy(F.linear(x, make_w()), t), wanted)
+        for g, r in zip(got, ref):
+            assert g.abs().sum() > 0
+            torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-6)
 
 
 class _TinyLM(torch.nn.Module):

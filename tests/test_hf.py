@@ -409,6 +409,65 @@ def test_patched_norm_rounds_as_the_architecture(model_type, weight_dtype, devic
     torch.testing.assert_close(y, r)
 
 
+class _ScaledHead(torch.nn.Linear):
+    """An lm_head subclass with its own forward (as an adapter has)."""
+
+    def __init__(self, head):
+        super().__init__(head.in_features, head.out_features, bias=head.bias is not None)
+        self.weight = head.weight
+        self.scale = torch.nn.Parameter(torch.tensor(0.5))
+
+    def forward(self, x):
+        return super().forward(x) * self.scale
+
+
+@pytest.mark.parametrize("change", ["hook", "subclass"])
+def test_lm_head_with_its_own_forward_is_called(change, restore_modeling):
+    """An lm_head with a forward hook or of a Linear subclass (an adapter)
+    computes through its own forward when training with labels, as
+    unpatched: the fused loss path, which reads the weight alone, would drop
+    what the forward adds (and the adapter's parameters would get no
+    gradient)."""
+    ref = build("llama", torch.float32, "cpu")
+    model = hf.patch(copy.deepcopy(ref))
+    for m in (ref, model):
+        if change == "hook":
+            m.lm_head.register_forward_hook(lambda mod, args, out: out * 0.5)
+        else:
+            m.lm_head = _ScaledHead(m.lm_head)
+    ids, labels = batch(model, "cpu")
+    losses = []
+    for m in (ref, model):
+        m.train()
+        out = m(input_ids=ids, labels=labels)
+        out.loss.backward()
+        losses.append(out.loss)
+    torch.testing.assert_close(losses[1], losses[0], rtol=2e-5, atol=2e-5)
+    if change == "subclass":
+        assert model.lm_head.scale.grad is not None
+        torch.testing.assert_close(model.lm_head.scale.grad, ref.lm_head.scale.grad, rtol=1e-4, atol=1e-6)
+    # asked for no logits: the loss alone still
+    out = model(input_ids=ids, labels=labels, skip_logits=True)
+    assert out.logits is None
+    torch.testing.assert_close(out.loss, losses[0], rtol=2e-5, atol=2e-5)
+
+
+def test_logits_to_keep_as_hugging_face(restore_modeling):
+    """logits_to_keep as Hugging Face takes it: an int, 1-D positions, 2-D
+    positions per sample and a 2-D boolean mask."""
+    ref = build("llama", torch.float32, "cpu").eval()
+    model = hf.patch(copy.deepcopy(ref)).eval()
+    ids, _ = batch(model, "cpu")
+    mask = torch.zeros(ids.shape, dtype=torch.bool)
+    mask[0, 2], mask[1, 5:8] = True, True
+    for keep in (0, 3, torch.tensor([1, 4]), torch.tensor([[0, 4], [3, 9]]), mask):
+        with torch.no_grad():
+            want = ref(input_ids=ids, logits_to_keep=keep).logits
+            got = model(input_ids=ids, logits_to_keep=keep).logits
+        assert got.shape == want.shape, keep
+        torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_logits_loss_is_float32_as_hugging_face(device):
     """The loss from bf16 logits (evaluation, or logits asked for) is

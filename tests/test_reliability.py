@@ -421,6 +421,30 @@ def _check_huge(spec, dtype, rows, n):
 # =============================================================================
 
 
+def _meta_params():
+    params = []
+    for spec in ALL_SPECS:
+        if not spec.native or spec.list_inputs:
+            continue
+        names = [k for k, v in spec.make_inputs((4, 64), torch.float32, "cpu", generator()).items()
+                 if isinstance(v, torch.Tensor)]
+        params += [pytest.param(spec, name, id=f"{spec.name}-{name}") for name in names[1:]]
+    return params
+
+
+@pytest.mark.parametrize("spec,name", _meta_params())
+def test_an_input_left_on_meta_is_refused(spec, name):
+    # a weight never loaded (a model built on the meta device) beside real
+    # inputs: the dispatcher sends the call to the fake kernel, which must
+    # refuse it as the bridge does, not return uninitialised memory
+    inputs = spec.make_inputs((4, 64), torch.float32, "cpu", generator())
+    inputs[name] = inputs[name].detach().to("meta")
+    # named as the op's argument (the spec's cos_cache is the op's cos)
+    with pytest.raises(RuntimeError, match=rf"\b{name.split('_')[0]}\w* must be on the same device as"):
+        spec.call(inputs)
+
+
+
 def _routes(spec):
     return [("route_b", spec.call)] + ([("route_a", spec.call_pybind)] if spec.call_pybind else [])
 

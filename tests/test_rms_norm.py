@@ -61,11 +61,17 @@ def rand_transposed_like(shape, dtype, device):
     return base.permute(*reversed(range(len(shape))))
 
 
+def default_eps(dtype):
+    # what torch.nn.functional.rms_norm takes for eps=None: the epsilon of
+    # the type its sums run in (float32 for 16-bit x)
+    return torch.finfo(torch.float64 if dtype == torch.float64 else torch.float32).eps
+
+
 def reference(x, weight, eps, dy):
     """(y, inv_rms, dx, dweight) in float64 on the CPU: y and its gradients
     from the spec's reference, inv_rms (the raw op's second output) beside it."""
     if eps is None:
-        eps = torch.finfo(x.dtype).eps
+        eps = default_eps(x.dtype)
     x64 = x.detach().cpu().to(torch.float64).requires_grad_()
     w64 = None if weight is None else weight.detach().cpu().to(torch.float64).requires_grad_()
     y = SPEC.reference({"x": x64, "weight": w64, "eps": eps})
@@ -220,10 +226,11 @@ def test_many_rows(device, dtype, rows, n, dweight_slack):
 @pytest.mark.parametrize("eps", [None, 0.0, 1e-6, 0.5])
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 def test_eps(device, dtype, eps):
-    # x is scaled so that mean(x^2) is about finfo(dtype).eps: the eps term
+    # x is scaled so that mean(x^2) is about the default eps: the eps term
     # then changes the result far beyond the tolerance, so a wrong default
-    # (e.g. float32's eps for float16 inputs) or an ignored eps is caught.
-    scale = math.sqrt(torch.finfo(dtype).eps)
+    # (e.g. float16's own eps for float16 inputs, which PyTorch does not
+    # take) or an ignored eps is caught.
+    scale = math.sqrt(default_eps(dtype))
     n = 64
     x = rand(4, n, dtype=dtype, device=device, scale=scale)
     weight = rand(n, dtype=dtype, device=device)
@@ -232,6 +239,13 @@ def test_eps(device, dtype, eps):
         y_default = reference(x, weight, None, dy)[0]
         y_no_eps = reference(x, weight, 0.0, dy)[0]
         assert (y_default - y_no_eps).abs().max() > 10 * TOL[dtype] * max(1.0, y_default.abs().max().item())
+        # PyTorch's own default, on the same tensors (its documentation says
+        # x's dtype's epsilon; its code takes float32's for 16-bit x)
+        pairs = ((opsmith.rms_norm(x, weight), F.rms_norm(x.cpu(), (n,), weight.cpu())),
+                 (opsmith.nn.RMSNorm(n, device=device, dtype=dtype)(x), torch.nn.RMSNorm(n, dtype=dtype)(x.cpu())))
+        for got, want in pairs:
+            got, want = got.detach().cpu().double(), want.detach().double()
+            assert (got - want).abs().max() <= 2 * TOL[dtype] * max(1.0, want.abs().max().item())
     check_rms_norm(x, weight, eps, dy)
 
 
@@ -377,7 +391,7 @@ def test_nn_rmsnorm_matches_torch(device, opsmith_nn, dtype, normalized_shape, a
     y_torch, _, _ = fwd_bwd(lambda a, _w, _e: ref(a), x, None, None, dy)
 
     # float64 reference of the same module maths.
-    eps_val = torch.finfo(dtype).eps if eps is None else eps
+    eps_val = default_eps(dtype) if eps is None else eps
     x64 = x.detach().cpu().double().requires_grad_()
     w64 = ref.weight.detach().cpu().double().requires_grad_() if affine else None
     y64 = F.rms_norm(x64, shape, w64, eps_val)

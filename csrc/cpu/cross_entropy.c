@@ -254,11 +254,12 @@
         return OPSMITH_STATUS_SUCCESS;                                                                          \
     }                                                                                                           \
                                                                                                                 \
-    static void bwd_##SUFFIX(int64_t rows, int64_t n, const T *g, int64_t gs, const T *d, int64_t ds, T *dx,     \
-                             int64_t dxs, int threads) {                                                        \
+    /* grad_acc: the incoming gradient in ACC (a float32 loss's), read unrounded */                            \
+    static void bwd_##SUFFIX(int64_t rows, int64_t n, int grad_acc, const void *g, int64_t gs, const T *d,      \
+                             int64_t ds, T *dx, int64_t dxs, int threads) {                                     \
         _Pragma("omp parallel for schedule(static) num_threads(threads) if(rows * n > 65536)")                  \
         for (int64_t r = 0; r < rows; r++) {                                                                    \
-            const ACC s = LOAD(g[r * gs]);                                                                      \
+            const ACC s = grad_acc ? ((const ACC *)g)[r * gs] : LOAD(((const T *)g)[r * gs]);                   \
             if (dx == d && s == (ACC)1) continue; /* in place, nothing to scale */                              \
             const T *dr = d + r * ds;                                                                           \
             T *o = dx + r * dxs;                                                                                \
@@ -314,19 +315,20 @@ opsmith_status opsmith_cross_entropy_fwd_cpu(opsmith_dtype dtype, int64_t rows, 
     }
 }
 
-opsmith_status opsmith_cross_entropy_bwd_cpu(opsmith_dtype dtype, int64_t rows, int64_t n, const void *grad,
-                                             int64_t grad_stride, const void *dlogits, int64_t dlogits_row_stride,
+opsmith_status opsmith_cross_entropy_bwd_cpu(opsmith_dtype dtype, int64_t rows, int64_t n, opsmith_dtype grad_dtype,
+                                             const void *grad, int64_t grad_stride, const void *dlogits, int64_t dlogits_row_stride,
                                              void *dx, int64_t dx_row_stride) {
-    opsmith_status s = opsmith_internal_cross_entropy_bwd_check("cross_entropy_bwd_cpu", dtype, rows, n, grad,
-                                                                grad_stride, dlogits, dlogits_row_stride, dx,
+    opsmith_status s = opsmith_internal_cross_entropy_bwd_check("cross_entropy_bwd_cpu", dtype, rows, n, grad_dtype,
+                                                                grad, grad_stride, dlogits, dlogits_row_stride, dx,
                                                                 dx_row_stride);
     if (s != OPSMITH_STATUS_SUCCESS || rows == 0) return s;
-    const int t = opsmith_get_num_threads();
+    const int t = opsmith_get_num_threads(), ga = grad_dtype != dtype;
+    const int64_t gs = grad_stride, ds = dlogits_row_stride, xs = dx_row_stride;
     switch (dtype) {
-    case OPSMITH_DTYPE_F64: bwd_f64(rows, n, grad, grad_stride, dlogits, dlogits_row_stride, dx, dx_row_stride, t); break;
-    case OPSMITH_DTYPE_F32: bwd_f32(rows, n, grad, grad_stride, dlogits, dlogits_row_stride, dx, dx_row_stride, t); break;
-    case OPSMITH_DTYPE_F16: bwd_f16(rows, n, grad, grad_stride, dlogits, dlogits_row_stride, dx, dx_row_stride, t); break;
-    case OPSMITH_DTYPE_BF16: bwd_bf16(rows, n, grad, grad_stride, dlogits, dlogits_row_stride, dx, dx_row_stride, t); break;
+    case OPSMITH_DTYPE_F64: bwd_f64(rows, n, ga, grad, gs, dlogits, ds, dx, xs, t); break;
+    case OPSMITH_DTYPE_F32: bwd_f32(rows, n, ga, grad, gs, dlogits, ds, dx, xs, t); break;
+    case OPSMITH_DTYPE_F16: bwd_f16(rows, n, ga, grad, gs, dlogits, ds, dx, xs, t); break;
+    case OPSMITH_DTYPE_BF16: bwd_bf16(rows, n, ga, grad, gs, dlogits, ds, dx, xs, t); break;
     default: return OPSMITH_STATUS_UNSUPPORTED_DTYPE;
     }
     return OPSMITH_STATUS_SUCCESS;

@@ -352,9 +352,10 @@ finish_kernel(int64_t rows, int reduction, const A *__restrict__ loss_rows, cons
 }
 
 /* dx[r, :] = grad[r * gs] * dl[r, :]; in place, rows whose grad is exactly 1
- * return at once (the common loss.backward(): no traffic at all) */
-template <typename T, typename A, bool PACKED>
-__global__ void scale_kernel(int64_t n, const T *__restrict__ g, int64_t gs, const T *dl, int64_t dls, T *dx,
+ * return at once (the common loss.backward(): no traffic at all). G: the
+ * grad's type, T or A (a float32 loss's gradient, read unrounded). */
+template <typename T, typename A, bool PACKED, typename G>
+__global__ void scale_kernel(int64_t n, const G *__restrict__ g, int64_t gs, const T *dl, int64_t dls, T *dx,
                              int64_t dxs) {
     constexpr int V = PACKED ? Pack<T>::VEC : 1;
     const int64_t r = blockIdx.x;
@@ -479,20 +480,28 @@ opsmith_status fwd(int64_t rows, int64_t n, const void *x, int64_t xs, const int
     return st;
 }
 
-template <opsmith_dtype D>
-opsmith_status bwd(int64_t rows, int64_t n, const void *g, int64_t gs, const void *dl, int64_t dls, void *dx,
-                   int64_t dxs, cudaStream_t stream) {
-    using T = typename Storage<D>::T;
-    using A = typename Storage<D>::Acc;
+template <typename T, typename A, typename G>
+void scale(int64_t rows, int64_t n, const void *g, int64_t gs, const void *dl, int64_t dls, void *dx, int64_t dxs,
+           cudaStream_t stream) {
     constexpr int vec = Pack<T>::VEC;
     const bool packed = aligned16(dl) && aligned16(dx) && (rows == 1 || (dls % vec == 0 && dxs % vec == 0));
     const int threads = threads_for(n, packed ? vec : 1);
-    const T *gp = static_cast<const T *>(g), *dp = static_cast<const T *>(dl);
+    const G *gp = static_cast<const G *>(g);
+    const T *dp = static_cast<const T *>(dl);
     T *xp = static_cast<T *>(dx);
     if (packed)
-        scale_kernel<T, A, true><<<(unsigned)rows, threads, 0, stream>>>(n, gp, gs, dp, dls, xp, dxs);
+        scale_kernel<T, A, true, G><<<(unsigned)rows, threads, 0, stream>>>(n, gp, gs, dp, dls, xp, dxs);
     else
-        scale_kernel<T, A, false><<<(unsigned)rows, threads, 0, stream>>>(n, gp, gs, dp, dls, xp, dxs);
+        scale_kernel<T, A, false, G><<<(unsigned)rows, threads, 0, stream>>>(n, gp, gs, dp, dls, xp, dxs);
+}
+
+template <opsmith_dtype D>
+opsmith_status bwd(int64_t rows, int64_t n, bool grad_acc, const void *g, int64_t gs, const void *dl, int64_t dls,
+                   void *dx, int64_t dxs, cudaStream_t stream) {
+    using T = typename Storage<D>::T;
+    using A = typename Storage<D>::Acc;
+    if (grad_acc) scale<T, A, A>(rows, n, g, gs, dl, dls, dx, dxs, stream);
+    else scale<T, A, T>(rows, n, g, gs, dl, dls, dx, dxs, stream);
     return launch_status();
 }
 
@@ -523,19 +532,20 @@ extern "C" opsmith_status opsmith_cross_entropy_fwd_cuda(
 }
 
 extern "C" opsmith_status opsmith_cross_entropy_bwd_cuda(opsmith_dtype dtype, int64_t rows, int64_t n,
-                                                         const void *grad, int64_t grad_stride, const void *dlogits,
+                                                         opsmith_dtype grad_dtype, const void *grad,
+                                                         int64_t grad_stride, const void *dlogits,
                                                          int64_t dlogits_row_stride, void *dx, int64_t dx_row_stride,
                                                          opsmith_cuda_stream stream) {
-    opsmith_status st = opsmith_internal_cross_entropy_bwd_check("cross_entropy_bwd_cuda", dtype, rows, n, grad,
-                                                                 grad_stride, dlogits, dlogits_row_stride, dx,
+    opsmith_status st = opsmith_internal_cross_entropy_bwd_check("cross_entropy_bwd_cuda", dtype, rows, n, grad_dtype,
+                                                                 grad, grad_stride, dlogits, dlogits_row_stride, dx,
                                                                  dx_row_stride);
     if (st != OPSMITH_STATUS_SUCCESS || rows == 0) return st;
     if (rows > 0x7fffffffLL)
         return opsmith_internal_fail(OPSMITH_STATUS_INVALID_ARGUMENT, "cross_entropy_bwd_cuda: rows (%lld) must be < 2^31",
                                      (long long)rows);
     return dispatch_float(dtype, OPSMITH_STATUS_UNSUPPORTED_DTYPE, [&](auto tag) {
-        return bwd<decltype(tag)::value>(rows, n, grad, grad_stride, dlogits, dlogits_row_stride, dx, dx_row_stride,
-                                         stream);
+        return bwd<decltype(tag)::value>(rows, n, grad_dtype != dtype, grad, grad_stride, dlogits, dlogits_row_stride,
+                                         dx, dx_row_stride, stream);
     });
 }
 

@@ -91,7 +91,8 @@ opsmith_status opsmith_internal_cross_entropy_fwd_check(const char *op, opsmith_
 }
 
 opsmith_status opsmith_internal_cross_entropy_bwd_check(const char *op, opsmith_dtype dtype, int64_t rows, int64_t n,
-                                                        const void *grad, int64_t grad_stride, const void *dlogits,
+                                                        opsmith_dtype grad_dtype, const void *grad,
+                                                        int64_t grad_stride, const void *dlogits,
                                                         int64_t dlogits_row_stride, const void *dx,
                                                         int64_t dx_row_stride) {
     const opsmith_status bad = OPSMITH_STATUS_INVALID_ARGUMENT;
@@ -100,6 +101,11 @@ opsmith_status opsmith_internal_cross_entropy_bwd_check(const char *op, opsmith_
     if (s != OPSMITH_STATUS_SUCCESS) return s;
     if (grad_stride != 0 && grad_stride != 1)
         return opsmith_internal_fail(bad, "%s: grad_stride (%lld) must be 0 or 1", op, (long long)grad_stride);
+    if (grad_dtype != dtype && grad_dtype != opsmith_dtype_accumulate(dtype))
+        return opsmith_internal_fail(bad,
+                                     "%s: grad_dtype (%s) must be the logits' dtype (%s) or its accumulate type (%s)",
+                                     op, opsmith_dtype_name(grad_dtype), opsmith_dtype_name(dtype),
+                                     opsmith_dtype_name(opsmith_dtype_accumulate(dtype)));
     if (rows == 0) return OPSMITH_STATUS_SUCCESS;
     if (!grad) return opsmith_internal_fail(bad, "%s: grad is NULL", op);
     if (!dlogits) return opsmith_internal_fail(bad, "%s: dlogits is NULL", op);
@@ -110,11 +116,12 @@ opsmith_status opsmith_internal_cross_entropy_bwd_check(const char *op, opsmith_
                                      (long long)(dlogits_row_stride < n ? dlogits_row_stride : dx_row_stride),
                                      (long long)n);
     const size_t size = opsmith_dtype_size(dtype);
-    const struct { const char *name; const void *p; } ptrs[] = {{"grad", grad}, {"dlogits", dlogits}, {"dx", dx}};
+    const struct { const char *name; const void *p; size_t size; } ptrs[] = {
+        {"grad", grad, opsmith_dtype_size(grad_dtype)}, {"dlogits", dlogits, size}, {"dx", dx, size}};
     for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++)
-        if (opsmith_internal_misaligned(ptrs[i].p, size))
+        if (opsmith_internal_misaligned(ptrs[i].p, ptrs[i].size))
             return opsmith_internal_fail(OPSMITH_STATUS_MISALIGNED, "%s: %s (%p) is not aligned to %zu bytes", op,
-                                         ptrs[i].name, ptrs[i].p, size);
+                                         ptrs[i].name, ptrs[i].p, ptrs[i].size);
     if (overlap(span_of(dx, rows, n, dx_row_stride, size), span_of(dlogits, rows, n, dlogits_row_stride, size)) &&
         !(dx == dlogits && dx_row_stride == dlogits_row_stride))
         return opsmith_internal_fail(bad, "%s: dx overlaps dlogits; it may only be dlogits itself (same pointer and row stride)", op);

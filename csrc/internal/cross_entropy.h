@@ -21,9 +21,11 @@ OPSMITH_INTERNAL opsmith_status opsmith_internal_cross_entropy_fwd_check(
     int need_error, const void *workspace,
     size_t workspace_bytes);
 
-/* Validates a backward call (dx is dlogits exactly, or apart from it). */
+/* Validates a backward call (grad in dtype or its accumulate type; dx is
+ * dlogits exactly, or apart from it). */
 OPSMITH_INTERNAL opsmith_status opsmith_internal_cross_entropy_bwd_check(const char *op, opsmith_dtype dtype,
-                                                                         int64_t rows, int64_t n, const void *grad,
+                                                                         int64_t rows, int64_t n,
+                                                                         opsmith_dtype grad_dtype, const void *grad,
                                                                          int64_t grad_stride, const void *dlogits,
                                                                          int64_t dlogits_row_stride, const void *dx,
                                                                          int64_t dx_row_stride);

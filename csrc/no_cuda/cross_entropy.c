@@ -17,10 +17,10 @@ opsmith_status opsmith_cross_entropy_fwd_cuda(opsmith_dtype dtype, int64_t rows,
     return opsmith_internal_fail(OPSMITH_STATUS_CUDA_UNAVAILABLE, "cross_entropy_fwd_cuda: the library was built without CUDA");
 }
 
-opsmith_status opsmith_cross_entropy_bwd_cuda(opsmith_dtype dtype, int64_t rows, int64_t n, const void *grad,
-                                              int64_t grad_stride, const void *dlogits, int64_t dlogits_row_stride,
+opsmith_status opsmith_cross_entropy_bwd_cuda(opsmith_dtype dtype, int64_t rows, int64_t n,
+                                              opsmith_dtype grad_dtype, const void *grad, int64_t grad_stride, const void *dlogits, int64_t dlogits_row_stride,
                                               void *dx, int64_t dx_row_stride, opsmith_cuda_stream stream) {
-    (void)dtype, (void)rows, (void)n, (void)grad, (void)grad_stride, (void)dlogits, (void)dlogits_row_stride;
+    (void)dtype, (void)rows, (void)n, (void)grad_dtype, (void)grad, (void)grad_stride, (void)dlogits, (void)dlogits_row_stride;
     (void)dx, (void)dx_row_stride, (void)stream;
     return opsmith_internal_fail(OPSMITH_STATUS_CUDA_UNAVAILABLE, "cross_entropy_bwd_cuda: the library was built without CUDA");
 }

@@ -165,14 +165,17 @@ cross_entropy_fwd_(at::Tensor &logits, const at::Tensor &target, const std::opti
 
 namespace {
 
-// Checks a backward call: grad [] (sum, mean) or [N] (none), dlogits (N, V), one dtype.
+// Checks a backward call: grad [] (sum, mean) or [N] (none) in dlogits' dtype or (the
+// gradient of a float32 loss) their accumulate type, dlogits (N, V).
 void check_bwd(const at::Tensor &grad, const at::Tensor &dlogits) {
     check_device_supported(dlogits, kOp);
     (void)dtype_of(dlogits, kOp, "dlogits");
     TORCH_CHECK(dlogits.dim() == 2, kOp, ": dlogits must be 2-D (N, V), got ", text(dlogits.sizes()));
     check_same_device(grad, dlogits, kOp, "grad");
-    TORCH_CHECK(grad.scalar_type() == dlogits.scalar_type(), kOp, ": grad must have dlogits' dtype (",
-                dlogits.scalar_type(), "), got ", grad.scalar_type());
+    const at::ScalarType acc = accumulate_type(dlogits);
+    TORCH_CHECK(grad.scalar_type() == dlogits.scalar_type() || grad.scalar_type() == acc, kOp,
+                ": grad must have dlogits' dtype (", dlogits.scalar_type(), ")",
+                acc != dlogits.scalar_type() ? " or float32" : "", ", got ", grad.scalar_type());
     TORCH_CHECK(grad.dim() == 0 || (grad.dim() == 1 && grad.size(0) == dlogits.size(0)), kOp,
                 ": grad must be a scalar (reduction sum or mean) or have shape [", text(dlogits.size(0)),
                 "] (reduction none), got ", text(grad.sizes()));
@@ -180,19 +183,20 @@ void check_bwd(const at::Tensor &grad, const at::Tensor &dlogits) {
 
 void run_bwd(const at::Tensor &grad, const Rows &d, void *dx, int64_t dxs, const at::Tensor &like) {
     const opsmith_dtype dtype = dtype_of(like, kOp, "dlogits");
+    const opsmith_dtype gdt = grad.scalar_type() == like.scalar_type() ? dtype : opsmith_dtype_accumulate(dtype);
     const at::Tensor g = grad.contiguous();
     const int64_t gs = grad.dim() == 0 ? 0 : 1;
     opsmith_status status;
 #if OPSMITH_WITH_CUDA
     if (like.is_cuda()) {
         const c10::cuda::CUDAGuard guard(like.device());
-        status = opsmith_cross_entropy_bwd_cuda(dtype, d.rows, d.n, g.data_ptr(), gs, d.data(), d.stride, dx, dxs,
+        status = opsmith_cross_entropy_bwd_cuda(dtype, d.rows, d.n, gdt, g.data_ptr(), gs, d.data(), d.stride, dx, dxs,
                                                 at::cuda::getCurrentCUDAStream(like.get_device()).stream());
     } else
 #endif
     {
         use_torch_cpu_threads();
-        status = opsmith_cross_entropy_bwd_cpu(dtype, d.rows, d.n, g.data_ptr(), gs, d.data(), d.stride, dx, dxs);
+        status = opsmith_cross_entropy_bwd_cpu(dtype, d.rows, d.n, gdt, g.data_ptr(), gs, d.data(), d.stride, dx, dxs);
     }
     check_status(status, kOp);
 }
@@ -255,12 +259,9 @@ struct CrossEntropyBackward : public torch::autograd::Node {
     void will_release_variables() override { releasing_ = true; }
 
     variable_list apply(variable_list &&grads) override {
-        if (!grads[0].defined()) return {at::Tensor()};
+        const at::Tensor &g = grads[0]; // a float32 loss's (loss_dtype) is float32: the kernel reads it as it is
+        if (!g.defined()) return {at::Tensor()};
         at::Tensor d = dlogits_.unpack();
-        // a float32 loss (loss_dtype) gives a float32 gradient: the kernel
-        // takes it in the gradient's dtype (exact for the common 1 and powers
-        // of two, a loss scaler's)
-        const at::Tensor g = grads[0].scalar_type() == d.scalar_type() ? grads[0] : grads[0].to(d.scalar_type());
         at::Tensor dx;
         {
             at::AutoDispatchBelowADInplaceOrView below_autograd;

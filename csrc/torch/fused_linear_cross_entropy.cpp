@@ -220,10 +220,9 @@ struct FusedLinearCrossEntropyBackward : public torch::autograd::Node {
                                      has_b_ ? db_.unpack() : at::Tensor()};
         {
             at::AutoDispatchBelowADInplaceOrView below_autograd;
-            // the loss is float32 (16-bit inputs): the scale in the gradients' dtype
-            const at::Tensor g = grads[0].to(saved[0].defined() ? saved[0].scalar_type()
-                                             : saved[1].defined() ? saved[1].scalar_type()
-                                                                  : saved[2].scalar_type());
+            // the loss is float32 (16-bit inputs): cross_entropy's backward reads
+            // that gradient as it is and rounds each product once
+            const at::Tensor &g = grads[0];
             const bool inplace = releasing_ && !at::GradMode::is_enabled() && !grads[0].requires_grad() &&
                                  !at::isTensorSubclassLike(g);
             size_t k = 0;

@@ -31,14 +31,11 @@ namespace {
 
 constexpr const char *kOp = "rms_norm";
 
+// torch.nn.functional.rms_norm's eps=None: the epsilon of the type its sums
+// run in (float32 for 16-bit x; its documentation says x's dtype, its code
+// takes the opmath type's)
 double default_eps(at::ScalarType t) {
-    switch (t) {
-    case at::kDouble: return std::numeric_limits<double>::epsilon();
-    case at::kFloat: return std::numeric_limits<float>::epsilon();
-    case at::kHalf: return 0.0009765625;   // torch.finfo(torch.float16).eps
-    case at::kBFloat16: return 0.0078125;  // torch.finfo(torch.bfloat16).eps
-    default: return 0.0;
-    }
+    return t == at::kDouble ? std::numeric_limits<double>::epsilon() : std::numeric_limits<float>::epsilon();
 }
 
 // Everything a call says besides its tensors, checked once.
@@ -148,7 +145,7 @@ void run_bwd(const Options &o, const Rows &dyr, const Rows &xr, const at::Tensor
 // y, inv_rms = rms_norm_fwd(x, weight, eps, offset, casting_mode, out_dtype,
 // inplace_backward): RMSNorm over the last dim of x, y = x_hat * (offset +
 // weight). inv_rms has shape x.shape[:-1], float32 (float64 for float64 x).
-// eps defaults to torch.finfo(x.dtype).eps, as torch.nn.functional.rms_norm;
+// eps defaults to default_eps(x's dtype), as torch.nn.functional.rms_norm;
 // out_dtype to x's dtype. inplace_backward is read by the autograd kernel
 // only (dx may be written over dy).
 std::tuple<at::Tensor, at::Tensor> rms_norm_fwd(const at::Tensor &x, const std::optional<at::Tensor> &weight,

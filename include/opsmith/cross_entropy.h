@@ -29,7 +29,9 @@
  *     scale = 1 / denom for MEAN (read from the workspace, on the device), else 1.
  * The backward (opsmith_cross_entropy_bwd_*) multiplies that by the incoming
  * gradient of the loss: dx[r, :] = grad[r * grad_stride] * dlogits[r, :]
- * (grad_stride 0: one value for every row, SUM and MEAN; 1: NONE).
+ * (grad_stride 0: one value for every row, SUM and MEAN; 1: NONE), in A,
+ * rounded once. grad holds grad_dtype: dtype, or A (the gradient of a loss
+ * in A, read unrounded; ABI 3).
  *
  * Targets out of range (not ignore_index and not in [0, n)): the CPU
  * launcher fails with OPSMITH_STATUS_INVALID_ARGUMENT naming the row and the
@@ -74,7 +76,7 @@ typedef enum opsmith_cross_entropy_reduction {
 #define OPSMITH_CROSS_ENTROPY_ERROR_COUNT 3
 
 /* ABI 2: z_loss added (the z-loss rows exist only when it is > 0); ABI 3:
- * loss_dtype added to the forward launchers */
+ * loss_dtype added to the forward launchers, grad_dtype to the backward's */
 OPSMITH_API size_t opsmith_cross_entropy_fwd_workspace_size(opsmith_dtype dtype, int64_t rows, double z_loss);
 
 OPSMITH_API opsmith_status opsmith_cross_entropy_fwd_cpu(
@@ -83,7 +85,8 @@ OPSMITH_API opsmith_status opsmith_cross_entropy_fwd_cpu(
     double softcap, opsmith_cross_entropy_reduction reduction, opsmith_dtype loss_dtype, void *loss, void *z_out,
     void *lse, void *dlogits, int64_t dlogits_row_stride, int64_t *error, void *workspace, size_t workspace_bytes);
 
-OPSMITH_API opsmith_status opsmith_cross_entropy_bwd_cpu(opsmith_dtype dtype, int64_t rows, int64_t n, const void *grad,
+OPSMITH_API opsmith_status opsmith_cross_entropy_bwd_cpu(opsmith_dtype dtype, int64_t rows, int64_t n,
+                                                         opsmith_dtype grad_dtype, const void *grad,
                                                          int64_t grad_stride, const void *dlogits,
                                                          int64_t dlogits_row_stride, void *dx, int64_t dx_row_stride);
 
@@ -97,7 +100,8 @@ OPSMITH_API opsmith_status opsmith_cross_entropy_fwd_cuda(
     opsmith_cuda_stream stream);
 
 OPSMITH_API opsmith_status opsmith_cross_entropy_bwd_cuda(opsmith_dtype dtype, int64_t rows, int64_t n,
-                                                          const void *grad, int64_t grad_stride, const void *dlogits,
+                                                          opsmith_dtype grad_dtype, const void *grad,
+                                                          int64_t grad_stride, const void *dlogits,
                                                           int64_t dlogits_row_stride, void *dx, int64_t dx_row_stride,
                                                           opsmith_cuda_stream stream);
 

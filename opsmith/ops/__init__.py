@@ -8,8 +8,12 @@ the nn module) that declares what it adds to the package:
 
 Adding an op = its module + one entry in OP_MODULES (its spec lives in
 opsmith/specs/<op>.py, found from the same list)."""
+import functools
 import importlib
+import inspect
 from typing import Dict, List
+
+import torch
 
 OP_MODULES = (
     "rms_norm",
@@ -36,6 +40,36 @@ def route_a():
         from .._library import route_a_module
         _route_a = route_a_module()
     return _route_a
+
+
+def register_fake(qualname: str):
+    """torch.library.register_fake with the bridge's device rule checked:
+    every tensor argument on the first one's device. One tensor on the meta
+    device beside real ones (a weight never loaded from a checkpoint) sends
+    the call to the fake kernel, not to the bridge that would refuse it; the
+    fake kernel refuses it too rather than return uninitialised memory."""
+    op = qualname.split("::", 1)[1]
+
+    def decorate(fake):
+        signature = inspect.signature(fake)
+
+        @functools.wraps(fake)
+        def checked(*args, **kwargs):
+            bound = signature.bind(*args, **kwargs).arguments
+            tensors = [(name, t) for name, t in bound.items() if isinstance(t, torch.Tensor)]
+            if tensors:
+                first, device = tensors[0][0], tensors[0][1].device
+                for name, t in tensors[1:]:
+                    torch._check(t.device == device, lambda: f"{op}: {name} must be on the same device as {first} "
+                                                             f"({device}), got {t.device}")
+            return fake(*args, **kwargs)
+
+        # _stacklevel: torch records the op module (the decorator's caller) as
+        # the fake kernel's home, which it checks against set_python_module
+        torch.library.register_fake(qualname, checked, _stacklevel=2)
+        return fake
+
+    return decorate
 
 
 def op_modules() -> List:

@@ -12,6 +12,7 @@ from typing import Optional
 
 import torch
 
+from . import register_fake
 from .. import _library  # noqa: F401  (loads the library: torch.ops.opsmith.* exists after this)
 from . import route_a
 
@@ -153,7 +154,7 @@ def _fake_outputs(logits, target, label_smoothing, z_loss, softcap, reduction, l
             logits.new_empty((3,), dtype=torch.int64))
 
 
-@torch.library.register_fake("opsmith::cross_entropy_fwd")
+@register_fake("opsmith::cross_entropy_fwd")
 def _fwd_fake(logits, target, weight=None, ignore_index=-100, label_smoothing=0.0, z_loss=0.0, softcap=0.0,
               reduction=2, compute_grad=False, loss_dtype=None):
     loss, z, error = _fake_outputs(logits, target, label_smoothing, z_loss, softcap, reduction, loss_dtype)
@@ -161,20 +162,20 @@ def _fwd_fake(logits, target, weight=None, ignore_index=-100, label_smoothing=0.
     return loss, z, dl, error
 
 
-@torch.library.register_fake("opsmith::cross_entropy_fwd_")
+@register_fake("opsmith::cross_entropy_fwd_")
 def _fwd_inplace_fake(logits, target, weight=None, ignore_index=-100, label_smoothing=0.0, z_loss=0.0, softcap=0.0,
                       reduction=2, loss_dtype=None):
     return _fake_outputs(logits, target, label_smoothing, z_loss, softcap, reduction, loss_dtype)
 
 
-@torch.library.register_fake("opsmith::cross_entropy_bwd")
+@register_fake("opsmith::cross_entropy_bwd")
 def _bwd_fake(grad, dlogits):
     torch._check(grad.dim() == 0 or (grad.dim() == 1 and grad.shape[0] == dlogits.shape[0]),
                  lambda: "cross_entropy: grad must be a scalar (reduction sum or mean) or have one value per row")
     return dlogits.new_empty(dlogits.shape)
 
 
-@torch.library.register_fake("opsmith::cross_entropy_bwd_")
+@register_fake("opsmith::cross_entropy_bwd_")
 def _bwd_inplace_fake(grad, dlogits):
     return None
 
@@ -217,8 +218,8 @@ class CrossEntropyFunction(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def _backward(ctx, g):
         (dl,) = ctx.saved_tensors
-        # a float32 loss's gradient, in the logits' dtype the kernel takes
-        return route_a().cross_entropy_bwd(g.to(dl.dtype), dl), None, None, None, None, None, None, None, None
+        # a float32 loss's gradient is float32: the kernel reads it as it is
+        return route_a().cross_entropy_bwd(g, dl), None, None, None, None, None, None, None, None
 
 
 PYBIND_TRANSFORM_ERROR = ("opsmith.pybind.cross_entropy: route A does not support torch.func transforms "

@@ -8,6 +8,7 @@ from typing import Optional, Tuple
 
 import torch
 
+from . import register_fake
 from .. import _library  # noqa: F401  (loads the library: torch.ops.opsmith.* exists after this)
 from . import _vmap
 from .rms_norm import CASTING_MODES, _accumulate_dtype, _default_out_dtype
@@ -20,6 +21,13 @@ _inplace = torch.ops.opsmith.fused_add_rms_norm_.default
 def _check_mode(casting_mode, who="fused_add_rms_norm"):
     if casting_mode not in CASTING_MODES:
         raise ValueError(f"{who}: casting_mode must be 'none', 'llama' or 'gemma', got {casting_mode!r}")
+
+
+def _check_call(casting_mode, weight, who="fused_add_rms_norm"):
+    _check_mode(casting_mode, who)
+    if not isinstance(weight, torch.Tensor):
+        raise TypeError(f"{who}: weight must be a tensor of the hidden size (this norm always has one), "
+                        f"got {type(weight).__name__}")
 
 
 # --- route B: the functional API -------------------------------------------------
@@ -38,7 +46,7 @@ def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
     ``rms_norm_backward(dy; h) + dh``, and the weight its own (skipped for a
     weight that gets no gradient: frozen, or not asked for). Double backward
     and forward-mode AD raise."""
-    _check_mode(casting_mode)
+    _check_call(casting_mode, weight)
     if out_dtype is None:
         out_dtype = _default_out_dtype(x, weight, casting_mode)
     y, h, _ = _fwd(x, residual, weight, eps, offset, casting_mode, out_dtype)
@@ -53,7 +61,7 @@ def fused_add_rms_norm_(x: torch.Tensor, residual: torch.Tensor, weight: torch.T
     addressable in place) and y is returned. No autograd: with grad mode on
     and an input that requires grad it raises (use it under
     ``torch.no_grad()`` or ``torch.inference_mode()``)."""
-    _check_mode(casting_mode, "fused_add_rms_norm_")
+    _check_call(casting_mode, weight, "fused_add_rms_norm_")
     if out_dtype is None:
         out_dtype = _default_out_dtype(x, weight, casting_mode)
     return _inplace(x, residual, weight, eps, offset, casting_mode, out_dtype)
@@ -67,7 +75,7 @@ def _check_fake(x, residual, weight):
                  lambda: f"fused_add_rms_norm: weight must have shape {list(x.shape[-1:])}, got {list(weight.shape)}")
 
 
-@torch.library.register_fake("opsmith::fused_add_rms_norm_fwd")
+@register_fake("opsmith::fused_add_rms_norm_fwd")
 def _fwd_fake(x, residual, weight, eps=1e-6, offset=0.0, casting_mode="none", out_dtype=None):
     _check_fake(x, residual, weight)
     y = torch.empty(x.shape, dtype=out_dtype or x.dtype, device=x.device)
@@ -76,14 +84,14 @@ def _fwd_fake(x, residual, weight, eps=1e-6, offset=0.0, casting_mode="none", ou
     return y, h, inv_rms
 
 
-@torch.library.register_fake("opsmith::fused_add_rms_norm_bwd")
+@register_fake("opsmith::fused_add_rms_norm_bwd")
 def _bwd_fake(dy, dh, h, weight, inv_rms, offset=0.0, casting_mode="none", weight_grad=True):
     # dweight has shape [0] when its gradient is not asked for
     return (torch.empty(h.shape, dtype=h.dtype, device=h.device),
             torch.empty((h.shape[-1] if weight_grad else 0,), dtype=weight.dtype, device=h.device))
 
 
-@torch.library.register_fake("opsmith::fused_add_rms_norm_")
+@register_fake("opsmith::fused_add_rms_norm_")
 def _inplace_fake(x, residual, weight, eps=1e-6, offset=0.0, casting_mode="none", out_dtype=None):
     _check_fake(x, residual, weight)
     return torch.empty(x.shape, dtype=out_dtype or x.dtype, device=x.device)
@@ -190,7 +198,7 @@ def fused_add_rms_norm_pybind(x: torch.Tensor, residual: torch.Tensor, weight: t
     same bits. First-order gradients only; not under torch.func transforms."""
     if torch._C._are_functorch_transforms_active():
         raise RuntimeError(PYBIND_TRANSFORM_ERROR)
-    _check_mode(casting_mode)
+    _check_call(casting_mode, weight)
     if out_dtype is None:
         out_dtype = _default_out_dtype(x, weight, casting_mode)
     return FusedAddRMSNormFunction.apply(x, residual, weight, eps, offset, casting_mode, out_dtype)
@@ -200,7 +208,7 @@ def fused_add_rms_norm_pybind_(x: torch.Tensor, residual: torch.Tensor, weight: 
                                offset: float = 0.0, casting_mode: str = "none",
                                out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
     """Route A twin of opsmith.fused_add_rms_norm_ (h over residual, y returned)."""
-    _check_mode(casting_mode, "fused_add_rms_norm_")
+    _check_call(casting_mode, weight, "fused_add_rms_norm_")
     if torch.is_grad_enabled() and any(t.requires_grad for t in (x, residual, weight)):
         raise RuntimeError("fused_add_rms_norm_: the in-place form has no autograd; call it under torch.no_grad() "
                            "or torch.inference_mode(), or use opsmith.fused_add_rms_norm for training")

@@ -13,6 +13,7 @@ from typing import Optional
 
 import torch
 
+from . import register_fake
 from .. import _library  # noqa: F401  (loads the library: torch.ops.opsmith.* exists after this)
 from . import route_a
 from .cross_entropy import _options_repr, _softcap, _validate
@@ -103,7 +104,7 @@ def _acc(dtype):
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-@torch.library.register_fake("opsmith::fused_linear_cross_entropy_fwd")
+@register_fake("opsmith::fused_linear_cross_entropy_fwd")
 def _fwd_fake(hidden, weight, target, bias=None, ignore_index=-100, label_smoothing=0.0, z_loss=0.0, softcap=0.0,
               reduction=2, chunk_size=0, grad_hidden=False, grad_weight=False, grad_bias=False):
     op = "fused_linear_cross_entropy"
@@ -167,7 +168,7 @@ class FusedLinearCrossEntropyFunction(torch.autograd.Function):
                 grads.append(None)
                 continue
             d2 = d.view(1, -1) if d.dim() == 1 else d
-            grads.append(route_a().cross_entropy_bwd(g.to(d.dtype), d2).view(d.shape))
+            grads.append(route_a().cross_entropy_bwd(g, d2).view(d.shape))
         return (*grads, None, None, None, None, None, None, None)
 
 
@@ -202,7 +203,10 @@ class FusedLinearCrossEntropyLoss(torch.nn.Module):
     """The LM head and its loss in one module: ``lm_head`` + ``CrossEntropyLoss``
     without the logits. Give it the head's weight (and bias), which it shares
     (tied: the same Parameter objects, state-dict keys ``weight`` and ``bias``
-    as ``nn.Linear``), or build it from the head with :meth:`from_linear`;
+    as ``nn.Linear``; a tensor that is not a Parameter, such as a head merged
+    from an adapter, is kept as it is, a buffer, and its gradient flows to
+    what it was computed from), or build it from the head with
+    :meth:`from_linear`;
     ``forward(hidden [..., D], target [...])`` returns the loss (and the
     z-loss part with ``return_z_loss=True``). Options as
     :func:`opsmith.fused_linear_cross_entropy`."""
@@ -220,11 +224,14 @@ class FusedLinearCrossEntropyLoss(torch.nn.Module):
         _chunk(chunk_size)
         if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
             raise ValueError("FusedLinearCrossEntropyLoss: weight must be the lm_head weight, a [V, D] tensor")
-        self.weight = weight if isinstance(weight, torch.nn.Parameter) else torch.nn.Parameter(weight, requires_grad=weight.requires_grad)
-        if bias is not None:
-            self.bias = bias if isinstance(bias, torch.nn.Parameter) else torch.nn.Parameter(bias, requires_grad=bias.requires_grad)
-        else:
-            self.register_parameter("bias", None)
+        # a Parameter is shared as the module's own; any other tensor (a head
+        # merged from an adapter, computed from other tensors) is kept as it
+        # is, a buffer, so its gradient reaches what it was computed from
+        for name, t in (("weight", weight), ("bias", bias)):
+            if t is None or isinstance(t, torch.nn.Parameter):
+                self.register_parameter(name, t)
+            else:
+                self.register_buffer(name, t)
         self.ignore_index = ignore_index
         self.reduction = reduction
         self.label_smoothing = label_smoothing

@@ -13,6 +13,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from . import register_fake
 from .. import _library  # noqa: F401  (loads the library: torch.ops.opsmith.* exists after this)
 from . import _vmap
 
@@ -67,13 +68,13 @@ def _check_fake(gate, up):
                      lambda: "glu: a packed gate-up tensor (up None) must have an even last dimension")
 
 
-@torch.library.register_fake("opsmith::glu_fwd")
+@register_fake("opsmith::glu_fwd")
 def _glu_fwd_fake(gate, up, activation="silu"):
     _check_fake(gate, up)
     return gate.new_empty(_out_shape(gate, up))
 
 
-@torch.library.register_fake("opsmith::glu_bwd")
+@register_fake("opsmith::glu_bwd")
 def _glu_bwd_fake(dy, gate, up, activation="silu", with_h=False):
     _check_fake(gate, up)
     y_shape = _out_shape(gate, up)

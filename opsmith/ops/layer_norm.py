@@ -7,6 +7,7 @@ from typing import List, Optional, Tuple, Union
 
 import torch
 
+from . import register_fake
 from .. import _library, _sharding  # noqa: F401  (loads the library: torch.ops.opsmith.* exists after this)
 from . import _vmap
 
@@ -42,7 +43,7 @@ def _param_dtype(x, weight, bias):
     return x.dtype if p is None else p.dtype
 
 
-@torch.library.register_fake("opsmith::layer_norm_fwd")
+@register_fake("opsmith::layer_norm_fwd")
 def _layer_norm_fwd_fake(x, weight, bias, eps=1e-5):
     torch._check(x.dim() >= 1, lambda: "layer_norm: x must have at least 1 dimension")
     for name, p in (("weight", weight), ("bias", bias)):
@@ -56,7 +57,7 @@ def _layer_norm_fwd_fake(x, weight, bias, eps=1e-5):
     return y, mean, rstd
 
 
-@torch.library.register_fake("opsmith::layer_norm_bwd")
+@register_fake("opsmith::layer_norm_bwd")
 def _layer_norm_bwd_fake(dy, x, weight, bias, mean, rstd, weight_grad=True, bias_grad=True):
     pd = _param_dtype(x, weight, bias)
     n = x.shape[-1]

@@ -7,6 +7,7 @@ from typing import Optional, Tuple, Union
 
 import torch
 
+from . import register_fake
 from .. import _library, _sharding  # noqa: F401  (loads the library: torch.ops.opsmith.* exists after this)
 from . import _vmap
 
@@ -41,8 +42,9 @@ def rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: Option
 
     With the defaults, the result of
     ``torch.nn.functional.rms_norm(x, (x.shape[-1],), weight, eps)``; eps None
-    means ``torch.finfo(x.dtype).eps``. Sums run in float32 (float64 for
-    float64 x).
+    means the epsilon of the type the sums run in, as PyTorch computes it:
+    ``torch.finfo(torch.float32).eps`` for float32, float16 and bfloat16 x,
+    float64's for float64 x. Sums run in float32 (float64 for float64 x).
 
     - weight: x's dtype, or float32 with float16/bfloat16 x (norm weights kept
       in float32 under mixed precision).
@@ -78,7 +80,7 @@ def _check_fake(x, weight):
                      lambda: f"rms_norm: weight must have shape {list(x.shape[-1:])}, got {list(weight.shape)}")
 
 
-@torch.library.register_fake("opsmith::rms_norm_fwd")
+@register_fake("opsmith::rms_norm_fwd")
 def _rms_norm_fwd_fake(x, weight, eps=None, offset=0.0, casting_mode="none", out_dtype=None,
                        inplace_backward=False):
     _check_fake(x, weight)
@@ -93,12 +95,12 @@ def _dweight_fake(x, weight, weight_grad):
     return torch.empty((n,), dtype=x.dtype if weight is None else weight.dtype, device=x.device)
 
 
-@torch.library.register_fake("opsmith::rms_norm_bwd")
+@register_fake("opsmith::rms_norm_bwd")
 def _rms_norm_bwd_fake(dy, x, weight, inv_rms, offset=0.0, casting_mode="none", weight_grad=True):
     return torch.empty(x.shape, dtype=x.dtype, device=x.device), _dweight_fake(x, weight, weight_grad)
 
 
-@torch.library.register_fake("opsmith::rms_norm_bwd_")
+@register_fake("opsmith::rms_norm_bwd_")
 def _rms_norm_bwd_inplace_fake(dy, x, weight, inv_rms, offset=0.0, casting_mode="none", weight_grad=True):
     return _dweight_fake(x, weight, weight_grad)
 

@@ -20,6 +20,7 @@ from typing import Optional, Tuple
 
 import torch
 
+from . import register_fake
 from .. import _library  # noqa: F401  (loads the library: torch.ops.opsmith.* exists after this)
 
 _fwd = torch.ops.opsmith.rotary_fwd.default
@@ -138,20 +139,20 @@ def _outs(q, k):
     return q_out, k_out
 
 
-@torch.library.register_fake("opsmith::rotary_fwd")
+@register_fake("opsmith::rotary_fwd")
 def _rotary_fwd_fake(q, k, cos, sin, position_ids=None, interleaved=False, rotary_dim=None, layout="bhsd"):
     _fake_check(q, k, cos, sin, position_ids, layout)
     return _outs(q, k)
 
 
-@torch.library.register_fake("opsmith::rotary_bwd")
+@register_fake("opsmith::rotary_bwd")
 def _rotary_bwd_fake(dq_out, dk_out, cos, sin, position_ids=None, interleaved=False, rotary_dim=None,
                      layout="bhsd"):
     _fake_check(dq_out, dk_out, cos, sin, position_ids, layout)
     return _outs(dq_out, dk_out)
 
 
-@torch.library.register_fake("opsmith::rotary_")
+@register_fake("opsmith::rotary_")
 def _rotary_inplace_fake(q, k, cos, sin, position_ids=None, interleaved=False, rotary_dim=None, layout="bhsd"):
     _fake_check(q, k, cos, sin, position_ids, layout)
     return None

@@ -8,6 +8,7 @@ from typing import Optional
 
 import torch
 
+from . import register_fake
 from .. import _library  # noqa: F401  (loads the library: torch.ops.opsmith.* exists after this)
 from . import route_a
 
@@ -46,12 +47,12 @@ def log_softmax(x: torch.Tensor, dim: int = -1, dtype: Optional[torch.dtype] = N
     return _run(_softmax_fwd, x, dim, dtype, True)
 
 
-@torch.library.register_fake("opsmith::softmax_fwd")
+@register_fake("opsmith::softmax_fwd")
 def _softmax_fwd_fake(x, log=False):
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
-@torch.library.register_fake("opsmith::softmax_bwd")
+@register_fake("opsmith::softmax_bwd")
 def _softmax_bwd_fake(dy, y, log=False):
     torch._check(dy.shape == y.shape, lambda: f"softmax: dy must have the shape of y {list(y.shape)}, got {list(dy.shape)}")
     return torch.empty(y.shape, dtype=y.dtype, device=y.device)

@@ -50,8 +50,11 @@ def _rms_opcheck(inputs):
 
 def _rms_eps(inputs, dtype):
     eps = inputs.get("eps")
-    # None means the eps of the op's dtype, like torch.nn.functional.rms_norm
-    return torch.finfo(dtype or inputs["x"].dtype).eps if eps is None else eps
+    # None means what torch.nn.functional.rms_norm takes: the eps of the type
+    # its sums run in (float32 for 16-bit x, float64 for float64)
+    if eps is None:
+        return torch.finfo(torch.float64 if (dtype or inputs["x"].dtype) == torch.float64 else torch.float32).eps
+    return eps
 
 
 def _rms_reference(inputs, dtype=None):

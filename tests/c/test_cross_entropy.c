@@ -195,7 +195,8 @@ static opsmith_status fwd_cpu(const ce_case *c, const ce_data *d, const void *x,
 static opsmith_status bwd_cpu(const ce_case *c, const void *grad, int64_t gs, const guarded_buf *dl, guarded_buf *dx)
 {
     const int64_t s = c->n + c->pad;
-    return opsmith_cross_entropy_bwd_cpu(c->dt, c->rows, c->n, grad, gs, at_off(dl, c), s, at_off(dx, c), s);
+    return opsmith_cross_entropy_bwd_cpu(c->dt, c->rows, c->n, loss_dtype_of(c), grad, gs, at_off(dl, c), s,
+                                         at_off(dx, c), s);
 }
 
 #if TEST_CUDA
@@ -258,8 +259,8 @@ static opsmith_status bwd_cuda(const ce_case *c, const void *grad, int64_t gs, c
     const int64_t s = c->n + c->pad, gcount = gs ? c->rows : 1;
     const int inplace = dl == dx;
     unsigned char *ddl = dev_copy(dl->base, bytes), *ddx = inplace ? ddl : dev_copy(dx->base, bytes);
-    void *dg = dev_copy(grad, es * (size_t)gcount);
-    opsmith_status st = opsmith_cross_entropy_bwd_cuda(c->dt, c->rows, c->n, dg, gs, ddl + GUARD + lead, s,
+    void *dg = dev_copy(grad, opsmith_dtype_size(loss_dtype_of(c)) * (size_t)gcount);
+    opsmith_status st = opsmith_cross_entropy_bwd_cuda(c->dt, c->rows, c->n, loss_dtype_of(c), dg, gs, ddl + GUARD + lead, s,
                                                        ddx + GUARD + lead, s, NULL);
     cuda_ok(cudaDeviceSynchronize(), "bwd");
     dev_back(dx->base, ddx, bytes);
@@ -289,7 +290,7 @@ static int cuda_begin(void)
                                                        err, NULL, 0, NULL);
     CHECK(opsmith_has_cuda() || (st == OPSMITH_STATUS_CUDA_UNAVAILABLE && strstr(opsmith_last_error(), "without CUDA")),
           "CUDA-less cross_entropy_fwd_cuda returned \"%s\" (%s)", opsmith_status_string(st), opsmith_last_error());
-    st = opsmith_cross_entropy_bwd_cuda(OPSMITH_DTYPE_F32, 2, 4, loss, 0, x, 4, x, 4, NULL);
+    st = opsmith_cross_entropy_bwd_cuda(OPSMITH_DTYPE_F32, 2, 4, OPSMITH_DTYPE_F32, loss, 0, x, 4, x, 4, NULL);
     CHECK(opsmith_has_cuda() || st == OPSMITH_STATUS_CUDA_UNAVAILABLE, "CUDA-less cross_entropy_bwd_cuda returned \"%s\"",
           opsmith_status_string(st));
     return -1;
@@ -302,7 +303,7 @@ static void run(const char *be, fwd_fn fwd, bwd_fn bwd, const ce_case *c, const 
 {
     char what[96];
     const opsmith_dtype acc = opsmith_dtype_accumulate(c->dt), ldt = loss_dtype_of(c);
-    const size_t es = opsmith_dtype_size(c->dt), as = opsmith_dtype_size(acc), ls = opsmith_dtype_size(ldt);
+    const size_t as = opsmith_dtype_size(acc), ls = opsmith_dtype_size(ldt);
     const int64_t outs = c->red == OPSMITH_CROSS_ENTROPY_REDUCTION_NONE ? c->rows : 1, count = c->rows * c->n;
     void *loss = malloc(ls * (size_t)(outs + 1)), *z = malloc(ls * (size_t)(outs + 1));
     void *lse = malloc(as * (size_t)(c->rows + 1));
@@ -343,12 +344,12 @@ static void run(const char *be, fwd_fn fwd, bwd_fn bwd, const ce_case *c, const 
 
     /* backward: dx = grad * dlogits, from the kernel's own dlogits */
     const int64_t gs = c->red == OPSMITH_CROSS_ENTROPY_REDUCTION_NONE ? 1 : 0, gcount = gs ? c->rows : 1;
-    void *grad = malloc(es * (size_t)(gcount + 1));
+    void *grad = malloc(ls * (size_t)(gcount + 1)); /* the loss's dtype: a float32 loss's gradient is float32 */
     double *gd = malloc(sizeof(double) * (size_t)(gcount + 1)), *dlv = malloc(sizeof(double) * (size_t)(count + 1));
     double *dx_ref = malloc(sizeof(double) * (size_t)(count + 1));
     for (int64_t i = 0; i < gcount; i++) {
-        opsmith_store_from_double(c->dt, grad, i, i % 3 == 2 ? 1.0 : rng_value(rng)); /* some rows exactly 1 */
-        gd[i] = opsmith_load_as_double(c->dt, grad, i);
+        opsmith_store_from_double(ldt, grad, i, i % 3 == 2 ? 1.0 : rng_value(rng)); /* some rows exactly 1 */
+        gd[i] = opsmith_load_as_double(ldt, grad, i);
     }
     const int64_t s = c->n + c->pad;
     for (int64_t r = 0; r < c->rows; r++)
@@ -452,10 +453,15 @@ static void test_bad_args(void)
     expect(opsmith_cross_entropy_fwd_cpu(OPSMITH_DTYPE_BF16, 2, 4, x, 4, t, 1, NULL, -100, 0, 0, 0, MEAN,
                                          OPSMITH_DTYPE_F16, loss, NULL, NULL, NULL, 4, NULL, ws, sizeof ws),
            INVALID, "loss_dtype (f16)", "f16 loss, bf16 logits");
-    expect(opsmith_cross_entropy_bwd_cpu(F32, 2, 4, loss, 0, dl, 4, x, 4), OPSMITH_STATUS_SUCCESS, "", "valid bwd");
-    expect(opsmith_cross_entropy_bwd_cpu(F32, 2, 4, loss, 2, dl, 4, x, 4), INVALID, "grad_stride (2)", "grad stride");
-    expect(opsmith_cross_entropy_bwd_cpu(F32, 2, 4, NULL, 0, dl, 4, x, 4), INVALID, "grad is NULL", "grad NULL");
-    expect(opsmith_cross_entropy_bwd_cpu(F32, 2, 4, loss, 0, dl, 4, dl + 1, 4), INVALID, "dx overlaps dlogits", "dx alias");
+    expect(opsmith_cross_entropy_bwd_cpu(F32, 2, 4, F32, loss, 0, dl, 4, x, 4), OPSMITH_STATUS_SUCCESS, "", "valid bwd");
+    expect(opsmith_cross_entropy_bwd_cpu(F32, 2, 4, F32, loss, 2, dl, 4, x, 4), INVALID, "grad_stride (2)", "grad stride");
+    expect(opsmith_cross_entropy_bwd_cpu(F32, 2, 4, F32, NULL, 0, dl, 4, x, 4), INVALID, "grad is NULL", "grad NULL");
+    expect(opsmith_cross_entropy_bwd_cpu(F32, 2, 4, F32, loss, 0, dl, 4, dl + 1, 4), INVALID, "dx overlaps dlogits",
+           "dx alias");
+    expect(opsmith_cross_entropy_bwd_cpu(OPSMITH_DTYPE_BF16, 2, 4, OPSMITH_DTYPE_F64, loss, 0, dl, 4, x, 4), INVALID,
+           "grad_dtype (f64) must be the logits' dtype (bf16) or its accumulate type (f32)", "f64 grad, bf16 logits");
+    expect(opsmith_cross_entropy_bwd_cpu(OPSMITH_DTYPE_BF16, 2, 4, F32, (char *)loss + 2, 0, dl, 4, x, 4),
+           OPSMITH_STATUS_MISALIGNED, "grad (", "a float32 grad aligned to 2 bytes only");
 #undef FWD
 }
 
