@@ -10,7 +10,8 @@ the ring's tuning variables to compare plans in one build, for example:
 
 (OPSMITH_RING_STAGES, OPSMITH_RING_MAX_CTAS, OPSMITH_RING_SLICE_KB,
 OPSMITH_RING_PACKS, OPSMITH_RING_SPECIALISED, OPSMITH_RING_WARP_PACKS: see
-csrc/cuda/launch_plan.cuh).
+csrc/cuda/launch_plan.cuh; OPSMITH_NORM_FWD_PACKS and OPSMITH_NORM_RING_MIN_PACKS
+for the norms' narrower rows: csrc/cuda/norm_plan.cuh).
 Rows are appended to $OUT/ring_plans.jsonl when OUT is set."""
 import json
 import os
@@ -66,15 +67,15 @@ def cases(which):
             yield f"softmax fwd+bwd {r}x{c}", \
                 (lambda xg=xg, g=g: torch.autograd.grad(opsmith.softmax(xg), xg, g)), 5 * r * c * 2
     if "ln" in which:
-        for r, c in ((8192, 16384), (16384, 8192), (4096, 32768)):
+        for r, c in ((8192, 16384), (16384, 8192), (4096, 32768), (16384, 4096), (65536, 1024)):
             x, w = randn(r, c), randn(c)
             yield f"layer_norm fwd {r}x{c}", (lambda x=x, w=w: opsmith.layer_norm(x, w, w)), 2 * r * c * 2
     if "rms" in which:
-        for r, c in ((2048, 32768), (8192, 8192), (1024, 65536), (8192, 16384)):
+        for r, c in ((2048, 32768), (8192, 8192), (1024, 65536), (8192, 16384), (16384, 4096), (65536, 1024)):
             x, w = randn(r, c), randn(c)
             yield f"rms_norm fwd {r}x{c}", (lambda x=x, w=w: opsmith.rms_norm(x, w)), 2 * r * c * 2
     if "add" in which:
-        for r, c in ((8192, 8192), (4096, 16384), (2048, 32768)):
+        for r, c in ((8192, 8192), (4096, 16384), (2048, 32768), (16384, 4096), (32768, 4096), (65536, 2048)):
             x, res, w = randn(r, c), randn(r, c), randn(c)
             yield f"fused_add fwd {r}x{c}", (lambda x=x, res=res, w=w: opsmith.fused_add_rms_norm(x, res, w)), \
                 4 * r * c * 2

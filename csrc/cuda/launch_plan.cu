@@ -2,6 +2,7 @@
  * the runtime queries cost microseconds, the launches they shape about as
  * much, so each is asked once per device and kernel. */
 #include "launch_plan.cuh"
+#include "norm_plan.cuh"
 #include "rows.cuh"
 
 #include <cstdlib>
@@ -125,14 +126,23 @@ Resident resident_plan(int64_t steps, int min_threads, bool latency, int max_ite
     return Resident{iters, (int)t};
 }
 
+/* a tuning variable's value; the fallback when unset, not a number or out of [lo, hi] */
+static long tuning_env(const char *name, long fallback, long lo, long hi) {
+    const char *v = getenv(name);
+    char *end = nullptr;
+    const long x = v && *v ? strtol(v, &end, 10) : fallback;
+    return v && *v && (*end || x < lo || x > hi) ? fallback : x;
+}
+
+const NormTuning &norm_tuning(void) {
+    static const NormTuning t{(int)tuning_env("OPSMITH_NORM_FWD_PACKS", 0, 0, 4),
+                              (int64_t)tuning_env("OPSMITH_NORM_RING_MIN_PACKS", kRingMinPacks, 1, 1L << 30)};
+    return t;
+}
+
 const RingTuning &ring_tuning(void) {
     static const RingTuning t = [] {
-        auto env = [](const char *name, long fallback, long lo, long hi) {
-            const char *v = getenv(name);
-            char *end = nullptr;
-            const long x = v && *v ? strtol(v, &end, 10) : fallback;
-            return v && *v && (*end || x < lo || x > hi) ? fallback : x;
-        };
+        auto env = tuning_env;
         return RingTuning{(int)env("OPSMITH_RING_STAGES", 2, 0, 2), (int)env("OPSMITH_RING_MAX_CTAS", 8, 1, 8),
                           (int64_t)env("OPSMITH_RING_SLICE_KB", kOnChipSliceBytes / 1024, 1, 227) * 1024,
                           (int)env("OPSMITH_RING_PACKS", 4, 1, 64), env("OPSMITH_RING_SPECIALISED", 1, 0, 1) != 0,

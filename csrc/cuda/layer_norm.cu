@@ -426,9 +426,13 @@ layer_norm_bwd_resident_kernel(int64_t rows, int64_t n, const T *__restrict__ dy
     }
     if (partial) {
         A *pw = partial + (int64_t)blockIdx.x * n, *pb = partial + (parts + blockIdx.x) * n;
+        /* 16-byte stores of a thread's S adjacent columns, as rms_norm's */
         for_my_packs<ITERS>(steps, [&](int, int64_t i) {
+            Elems<A, S> vw, vb;
 #pragma unroll
-            for (int k = 0; k < S; k++) pw[i * S + k] = dw_sum[k * steps + i], pb[i * S + k] = db_sum[k * steps + i];
+            for (int k = 0; k < S; k++) vw.v[k] = dw_sum[k * steps + i], vb.v[k] = db_sum[k * steps + i];
+            store_elems<A, S>(pw + i * S, vw);
+            store_elems<A, S>(pb + i * S, vb);
         });
     }
 }
@@ -544,7 +548,10 @@ layer_norm_bwd_staged_kernel(int64_t rows, int64_t n, const T *__restrict__ dy, 
         A *pw = partial + sl.first * n + sl.col0, *pb = partial + (parts + sl.first) * n + sl.col0;
         for_my_packs<ITERS>(sl.steps, [&](int it, int64_t i) {
 #pragma unroll
-            for (int k = 0; k < S; k++) pw[i * S + k] = dw[it][k], pb[i * S + k] = db[it][k];
+            for (int k = 0; k < S; k += 16 / (int)sizeof(A)) {
+                store16(pw + i * S + k, dw[it] + k);
+                store16(pb + i * S + k, db[it] + k);
+            }
         });
     }
     cluster.finish();
@@ -622,7 +629,7 @@ template <typename T, typename W, typename A> Launch fwd_launch(int64_t rows, in
         return Launch{reinterpret_cast<const void *>(fwd_resident_kernel<T, W, A>(iters, true)), kWarpRowsBlock, 1,
                       0, blocks < kMaxGrid ? blocks : kMaxGrid, "warp"};
     }
-    const Resident res = resident_plan(steps, kFwdMinThreads, latency, latency ? kResidentIters : 4);
+    const Resident res = norm_fwd_resident(steps, latency, latency ? kResidentIters : 4);
     if (!res.iters) return kGeneric;
     const int64_t grid = rows < kMaxGrid ? rows : kMaxGrid;
     return Launch{reinterpret_cast<const void *>(fwd_resident_kernel<T, W, A>(res.iters, false)), res.threads, 1, 0,

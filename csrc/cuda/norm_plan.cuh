@@ -101,8 +101,31 @@ inline Launch keep_staged(Launch l, int64_t rows, int sms) {
  * each (0.65-0.77 of copy at 4096 x 8192 and wider, bf16, 2026-12-05). */
 constexpr int64_t kRingMinPacks = 1024;
 
+/* The norm forwards' plan choices, read once from the environment (as
+ * ring_tuning) so a benchmark can compare them in one build:
+ * OPSMITH_NORM_FWD_PACKS (packs a thread of the resident throughput plan,
+ * 1, 2 or 4; 0, the default: resident_plan's choice) and
+ * OPSMITH_NORM_RING_MIN_PACKS (the ring forward's narrowest row, default
+ * kRingMinPacks). Defined in launch_plan.cu. */
+struct NormTuning {
+    int fwd_packs;
+    int64_t ring_min_packs;
+};
+const NormTuning &norm_tuning(void);
+
 inline bool norm_ring_applies(int64_t rows, int64_t n, int vec) {
-    return n % vec == 0 && n / vec >= kRingMinPacks && rows > sm_count();
+    return n % vec == 0 && n / vec >= norm_tuning().ring_min_packs && rows > sm_count();
+}
+
+/* The resident forward's plan for rows of `steps` packs (resident_plan
+ * with kFwdMinThreads, or the packs a thread OPSMITH_NORM_FWD_PACKS asks
+ * for where the row fits a block at that many). */
+inline Resident norm_fwd_resident(int64_t steps, bool latency, int max_iters) {
+    const int p = norm_tuning().fwd_packs;
+    if (latency || p < 1 || steps < 1 || steps > (int64_t)kResidentThreads * p)
+        return resident_plan(steps, kFwdMinThreads, latency, max_iters);
+    const int64_t t = ((steps + p - 1) / p + 31) / 32 * 32;
+    return Resident{p, (int)t};
 }
 
 } // namespace opsmith

@@ -31,14 +31,18 @@ extern "C" opsmith_status opsmith_rms_norm_fwd_cuda(opsmith_dtype dtype, int64_t
 }
 
 /* Which kernel family a contiguous, 16-byte aligned call of this shape
- * takes on the current device: "resident", "staged" (with the CTAs a row
- * in ctas), or "generic". Tests use it to keep each plan reachable. */
+ * takes on the current device: "resident", "split" (a short batch's
+ * backward with dweight), "staged" (with the CTAs a row in ctas), "ring",
+ * or "generic". Tests use it to keep each plan reachable. */
 extern "C" const char *opsmith_internal_rms_norm_cuda_plan(opsmith_dtype dtype, int64_t rows, int64_t n,
                                                            int backward, int *ctas) {
     const Launch none{nullptr, 0, 0, 0, 0, "generic"};
     Launch l = dispatch_mixed(dtype, dtype, dtype, none, [&](auto k) {
         using K = decltype(k);
-        if (backward) return bwd_launch<K>(rows, n, true);
+        if (backward) {
+            const Launch split = bwd_split_launch<K, false>(rows, n);
+            return split.grid ? split : bwd_launch<K>(rows, n, true);
+        }
         int stages = 0;
         return fwd_plan<K>(rows, n, &stages);
     });

@@ -223,6 +223,7 @@ rms_norm_fwd_resident_kernel(int64_t rows, int64_t n, const T *__restrict__ x, i
     for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
         const T *xr = x + r * xs;
         Pack<T> xp[ITERS];
+        Pack<T> rp[ADD ? ITERS : 1]; /* the residual's packs */
         Elems<W, S> wp[ITERS];
         A sum_sq = 0;
         /* with few packs a thread (the plan for a short batch), the weight is
@@ -230,20 +231,24 @@ rms_norm_fwd_resident_kernel(int64_t rows, int64_t n, const T *__restrict__ x, i
          * of memory latency, not two; with many it would cost the registers
          * that keep more of x in flight, and it is an L1 hit later anyway */
         constexpr bool kWeightEarly = ITERS <= 2;
+        /* this loop only loads: each pack's load sits behind its own
+         * `i < steps` test, and math on a loaded pack inside that branch
+         * would wait for it before the next pack's load is issued (the
+         * residual's add did: four round trips a row at 4 packs a thread) */
         for_my_packs<ITERS>(steps, [&](int it, int64_t i) {
             xp[it] = load_pack(xr + i * S);
-            if constexpr (ADD) {
-                /* h = x + r rounded to T takes x's registers; no store comes
-                 * between the row's loads, so they all stay in flight */
-                const Pack<T> rp = load_pack(add.r + r * add.rs + i * S);
-#pragma unroll
-                for (int k = 0; k < S; k++) xp[it].v[k] = from_acc<T>(to_acc(xp[it].v[k]) + to_acc(rp.v[k]));
-            }
+            if constexpr (ADD) rp[it] = load_pack(add.r + r * add.rs + i * S);
             if (kWeightEarly && w) wp[it] = load_elems<W, S>(w + i * S);
         });
         for_my_packs<ITERS>(steps, [&](int it, int64_t i) {
-            if constexpr (ADD) store_pack(add.h + r * add.hs + i * S, xp[it]);
-            else (void)i;
+            if constexpr (ADD) {
+                /* h = x + r rounded to T takes x's registers */
+#pragma unroll
+                for (int k = 0; k < S; k++) xp[it].v[k] = from_acc<T>(to_acc(xp[it].v[k]) + to_acc(rp[it].v[k]));
+                store_pack(add.h + r * add.hs + i * S, xp[it]);
+            } else {
+                (void)i;
+            }
 #pragma unroll
             for (int k = 0; k < S; k++) {
                 const A v = to_acc(xp[it].v[k]);
@@ -335,12 +340,11 @@ rms_norm_fwd_ring_kernel(int64_t rows, int64_t n, const T *x, int64_t xs, const 
  * owns its columns there, so no barrier guards them, and registers stay free
  * for the row's packs. */
 template <typename T, typename W, typename Y, typename A, int ITERS, bool DH>
-__global__ void __launch_bounds__(kResidentThreads)
-rms_norm_bwd_resident_kernel(int64_t rows, int64_t n, const Y *__restrict__ dy, int64_t dys,
-                             const T *__restrict__ x, int64_t xs, const W *__restrict__ w, Opts<A> o,
-                             const A *__restrict__ inv_rms, T *__restrict__ dx, int64_t dxs,
-                             A *__restrict__ partial, DhIn<T> dhin) {
-    let_next_launch_start(); /* the dweight column sums may launch now; they wait for this launch to end */
+__device__ __forceinline__ void bwd_resident_rows(int64_t first, int64_t step, int64_t rows, int64_t n,
+                                                  const Y *__restrict__ dy, int64_t dys, const T *__restrict__ x,
+                                                  int64_t xs, const W *__restrict__ w, const Opts<A> &o,
+                                                  const A *__restrict__ inv_rms, T *__restrict__ dx, int64_t dxs,
+                                                  A *__restrict__ partial, DhIn<T> dhin) {
     constexpr int S = Pack<T>::VEC;
     extern __shared__ __align__(16) unsigned char dynamic_smem[];
     A *const dw_sum = reinterpret_cast<A *>(dynamic_smem);
@@ -351,7 +355,7 @@ rms_norm_bwd_resident_kernel(int64_t rows, int64_t n, const Y *__restrict__ dy, 
 #pragma unroll
             for (int k = 0; k < S; k++) dw_sum[k * steps + i] = 0;
         });
-    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    for (int64_t r = first; r < rows; r += step) {
         const T *xr = x + r * xs;
         const Y *dyr = dy + r * dys;
         Pack<T> xp[ITERS];
@@ -408,12 +412,79 @@ rms_norm_bwd_resident_kernel(int64_t rows, int64_t n, const Y *__restrict__ dy, 
         });
     }
     if (partial) {
-        A *pr = partial + (int64_t)blockIdx.x * n;
+        A *pr = partial;
+        /* a thread's S columns are adjacent in the partial row: 16-byte
+         * stores (one store a column had a warp's store span 32 sectors) */
         for_my_packs<ITERS>(steps, [&](int, int64_t i) {
+            Elems<A, S> v;
 #pragma unroll
-            for (int k = 0; k < S; k++) pr[i * S + k] = dw_sum[k * steps + i];
+            for (int k = 0; k < S; k++) v.v[k] = dw_sum[k * steps + i];
+            store_elems<A, S>(pr + i * S, v);
         });
     }
+}
+
+/* partial is (gridDim.x, n): block b's sum of dy * x_hat over its rows. */
+template <typename T, typename W, typename Y, typename A, int ITERS, bool DH>
+__global__ void __launch_bounds__(kResidentThreads)
+rms_norm_bwd_resident_kernel(int64_t rows, int64_t n, const Y *__restrict__ dy, int64_t dys,
+                             const T *__restrict__ x, int64_t xs, const W *__restrict__ w, Opts<A> o,
+                             const A *__restrict__ inv_rms, T *__restrict__ dx, int64_t dxs,
+                             A *__restrict__ partial, DhIn<T> dhin) {
+    let_next_launch_start(); /* the dweight column sums may launch now; they wait for this launch to end */
+    bwd_resident_rows<T, W, Y, A, ITERS, DH>(blockIdx.x, gridDim.x, rows, n, dy, dys, x, xs, w, o, inv_rms, dx, dxs,
+                                             partial ? partial + (int64_t)blockIdx.x * n : nullptr, dhin);
+}
+
+/* A short batch's backward in one launch and no workspace (the split
+ * plan): blocks 0 .. rows-1 take a row each, as the resident kernel without
+ * partial rows; the blocks after them take 32 packs of columns each and
+ * sum dweight over every row from dy, x and inv_rms, which the rows' blocks
+ * do not write, so both halves run at once. A column block's warps take
+ * rows g, g + G, ... (G warps) and meet in shared memory in a fixed order,
+ * so dweight's summation order is fixed by rows, n and the block size. At
+ * decode sizes the partial rows this replaces were as large as the rows,
+ * and their column sums a second launch. */
+template <typename T, typename W, typename Y, typename A, int ITERS, bool DH>
+__global__ void __launch_bounds__(kResidentThreads)
+rms_norm_bwd_split_kernel(int64_t rows, int64_t n, const Y *__restrict__ dy, int64_t dys,
+                          const T *__restrict__ x, int64_t xs, const W *__restrict__ w, Opts<A> o,
+                          const A *__restrict__ inv_rms, T *__restrict__ dx, int64_t dxs, W *__restrict__ dw,
+                          DhIn<T> dhin) {
+    constexpr int S = Pack<T>::VEC;
+    if ((int64_t)blockIdx.x < rows) {
+        bwd_resident_rows<T, W, Y, A, ITERS, DH>(blockIdx.x, rows, rows, n, dy, dys, x, xs, w, o, inv_rms, dx, dxs,
+                                                 nullptr, dhin);
+        return;
+    }
+    __shared__ A others[kResidentThreads / 32 - 1][32 * S]; /* warps 1.. : column k * 32 + lane */
+    const int lane = threadIdx.x & 31, g = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    const int64_t p = ((int64_t)blockIdx.x - rows) * 32 + lane, steps = n / S;
+    A acc[S];
+#pragma unroll
+    for (int k = 0; k < S; k++) acc[k] = 0;
+    if (p < steps) {
+#pragma unroll 4
+        for (int64_t r = g; r < rows; r += warps) {
+            const Elems<Y, S> d = load_elems<Y, S>(dy + r * dys + p * S);
+            const Pack<T> xv = load_pack(x + r * xs + p * S);
+            const A inv = inv_rms[r];
+#pragma unroll
+            for (int k = 0; k < S; k++) acc[k] += to_acc(d.v[k]) * x_hat<T>(to_acc(xv.v[k]), inv, o);
+        }
+    }
+    if (g > 0)
+#pragma unroll
+        for (int k = 0; k < S; k++) others[g - 1][k * 32 + lane] = acc[k];
+    __syncthreads();
+    if (g > 0 || p >= steps) return;
+    for (int j = 0; j < warps - 1; j++)
+#pragma unroll
+        for (int k = 0; k < S; k++) acc[k] += others[j][k * 32 + lane];
+    Elems<W, S> out;
+#pragma unroll
+    for (int k = 0; k < S; k++) out.v[k] = from_acc<W>(acc[k]);
+    store_elems<W, S>(dw + p * S, out);
 }
 
 /* Staged kernel: the backward's path for packed rows when there are many
@@ -511,7 +582,7 @@ rms_norm_bwd_staged_kernel(int64_t rows, int64_t n, const Y *__restrict__ dy, in
         A *pr = partial + sl.first * n + sl.col0;
         for_my_packs<ITERS>(sl.steps, [&](int it, int64_t i) {
 #pragma unroll
-            for (int k = 0; k < S; k++) pr[i * S + k] = dw[it][k];
+            for (int k = 0; k < S; k += 16 / (int)sizeof(A)) store16(pr + i * S + k, dw[it] + k);
         });
     }
     cluster.finish();
@@ -599,6 +670,36 @@ template <typename K, bool DH> Launch bwd_resident_launch(int64_t rows, int64_t 
     return fit_grid(l, rows);
 }
 
+template <typename K> using BwdSplitKernel =
+    void (*)(int64_t, int64_t, const typename K::Y *, int64_t, const typename K::T *, int64_t,
+             const typename K::W *, Opts<AccK<K>>, const AccK<K> *, typename K::T *, int64_t, typename K::W *,
+             DhIn<typename K::T>);
+
+/* The split plan (rms_norm_bwd_split_kernel) for a short batch of packed
+ * rows with dweight: the resident latency plan's blocks, one a row, and a
+ * block for each 32 packs of columns; grid == 0 where it does not apply
+ * (more rows than SMs, rows too wide for the resident kernel). */
+template <typename K, bool DH> Launch bwd_split_launch(int64_t rows, int64_t n) {
+    using T = typename K::T;
+    using W = typename K::W;
+    using Y = typename K::Y;
+    using A = AccK<K>;
+    Launch l{nullptr, 0, 1, 0, 0, "split"};
+    const int64_t vec = Pack<T>::VEC;
+    if (rows < 1 || rows > sm_count() || n % vec != 0) return l;
+    const Resident plan = resident_plan(n / vec, kBwdMinThreads, true, kResidentIters);
+    if (!plan.iters) return l;
+    switch (plan.iters) {
+    case 1: l.kernel = reinterpret_cast<const void *>(rms_norm_bwd_split_kernel<T, W, Y, A, 1, DH>); break;
+    case 2: l.kernel = reinterpret_cast<const void *>(rms_norm_bwd_split_kernel<T, W, Y, A, 2, DH>); break;
+    case 4: l.kernel = reinterpret_cast<const void *>(rms_norm_bwd_split_kernel<T, W, Y, A, 4, DH>); break;
+    default: l.kernel = reinterpret_cast<const void *>(rms_norm_bwd_split_kernel<T, W, Y, A, 8, DH>); break;
+    }
+    l.threads = plan.threads;
+    l.grid = rows + (n / vec + 31) / 32;
+    return l;
+}
+
 /* Backward plan for packed rows: a short batch (no more rows than SMs) takes
  * the resident kernel, one memory round trip a row; many rows the staged
  * kernel, then the resident one; grid == 0: the generic kernel. */
@@ -625,7 +726,7 @@ template <typename K, bool ADD = false> Launch fwd_launch(int64_t rows, int64_t 
     if (n % vec != 0) return Launch{nullptr, 0, 0, 0, 0, "generic"};
     const bool latency = rows <= sm_count();
     const int max_iters = latency ? kResidentIters : ADD ? 2 : 4;
-    const Resident res = resident_plan(n / vec, kFwdMinThreads, latency, max_iters);
+    const Resident res = norm_fwd_resident(n / vec, latency, max_iters);
     if (res.iters) {
         const int64_t grid = rows < kMaxGrid ? rows : kMaxGrid;
         return Launch{reinterpret_cast<const void *>(fwd_resident_kernel<K, ADD>(res.iters)), res.threads, 1, 0, grid,
@@ -721,6 +822,14 @@ opsmith_status bwd(int64_t rows, int64_t n, const void *dy, int64_t dys, const v
     const A *ip = static_cast<const A *>(inv_rms);
     T *dxp = static_cast<T *>(dx);
     A *partial = dw ? static_cast<A *>(workspace) : nullptr;
+    if (packed && dw && aligned16(dw)) {
+        const Launch split = bwd_split_launch<K, DH>(rows, n);
+        if (split.grid) {
+            launch<BwdSplitKernel<K>>(split, stream, rows, n, dyp, dys, xp, xs, wp, o, ip, dxp, dxs,
+                                      static_cast<W *>(dw), dhin);
+            return launch_status();
+        }
+    }
     int64_t parts;
     const Launch l = packed ? bwd_launch<K, DH>(rows, n, dw != nullptr) : Launch{nullptr, 0, 0, 0, 0, "generic"};
     if (l.grid) {

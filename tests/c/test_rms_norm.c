@@ -474,6 +474,10 @@ static int build_cases(opsmith_dtype dt, rms_case *out)
         {dt, 140, 2048, 1, 1, 0, 0, 0, 0, 1e-6, 0},
         {dt, 140, 4096, 1, 1, 0, 0, 0, 0, 1e-6, 0},
         {dt, 3, 4096, 1, 1, 0, 0, 0, 0, 1e-6, 0},
+        /* the split backward (no more rows than SMs, dweight summed by
+         * column blocks beside the rows' blocks): rows past a block's warps */
+        {dt, 100, 4096, 1, 1, 0, 0, 0, 0, 1e-6, 0},
+        {dt, 132, 2048, 1, 1, 8, 16, 0, 0, 1e-6, 8},
         {dt, 140, 16384, 1, 1, 0, 0, 0, 0, 1e-6, 0},
         {dt, 3, 16384, 1, 1, 0, 0, 0, 0, 1e-6, 0},
         {dt, 140, 32768, 1, 1, 0, 0, 0, 0, 1e-6, 0},

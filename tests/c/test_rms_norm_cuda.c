@@ -207,7 +207,8 @@ void test_cuda_plans(void)
         int ctas;
     } plans[] = {
         {OPSMITH_DTYPE_BF16, 3, 4096, 0, "resident", 1},
-        {OPSMITH_DTYPE_BF16, 3, 4096, 1, "resident", 1},
+        {OPSMITH_DTYPE_BF16, 3, 4096, 1, "split", 1},       /* a short batch: one launch, no workspace */
+        {OPSMITH_DTYPE_F64, 100, 8192, 1, "split", 1},
         {OPSMITH_DTYPE_BF16, 2000, 4096, 0, "resident", 1},
         {OPSMITH_DTYPE_BF16, 13000, 512, 1, "staged", 1},
         {OPSMITH_DTYPE_BF16, 2000, 8192, 1, "staged", 1},
