@@ -453,14 +453,19 @@ def test_lm_head_with_its_own_forward_is_called(change, restore_modeling):
 
 
 def test_logits_to_keep_as_hugging_face(restore_modeling):
-    """logits_to_keep as Hugging Face takes it: an int, 1-D positions, 2-D
-    positions per sample and a 2-D boolean mask."""
+    """logits_to_keep as Hugging Face takes it: an int, 1-D positions, and
+    where the installed transformers takes them, 2-D positions per sample and
+    a 2-D boolean mask."""
     ref = build("llama", torch.float32, "cpu").eval()
     model = hf.patch(copy.deepcopy(ref)).eval()
     ids, _ = batch(model, "cpu")
     mask = torch.zeros(ids.shape, dtype=torch.bool)
     mask[0, 2], mask[1, 5:8] = True, True
-    for keep in (0, 3, torch.tensor([1, 4]), torch.tensor([[0, 4], [3, 9]]), mask):
+    keeps = [0, 3, torch.tensor([1, 4])]
+    import transformers.modeling_utils as modeling_utils
+    if hasattr(modeling_utils, "slice_logits_to_keep"):  # 2-D forms: transformers 5.23 has them, 5.17 not
+        keeps += [torch.tensor([[0, 4], [3, 9]]), mask]
+    for keep in keeps:
         with torch.no_grad():
             want = ref(input_ids=ids, logits_to_keep=keep).logits
             got = model(input_ids=ids, logits_to_keep=keep).logits
