@@ -13,6 +13,9 @@
  *   mean and the squared deviations of its own packs from its registers
  *   (two passes over them), and one merge of those moments gives the row's
  *   mean and variance (a sum of squared deviations, never E[x^2] - E[x]^2);
+ * - split (backward, no more rows than SMs, with dweight or dbias): the
+ *   resident rows beside column blocks that sum dweight and dbias from dy
+ *   and x in the same launch: no partial rows, no second launch;
  * - staged (backward, many rows): rows of x and dy streamed through shared
  *   memory several rows ahead with cp.async, a row split over a cluster of
  *   CTAs when it is wider than one CTA's share of shared memory;
@@ -26,7 +29,8 @@
  *   width (16-byte packs where every pointer, stride and n allow it).
  * dweight and dbias are reduced without float atomics, so deterministically:
  * each block (row group) sums its rows into its own workspace rows with a
- * fixed column-to-thread map, then fixed-order column sums add the rows. */
+ * fixed column-to-thread map, then fixed-order column sums add the rows (the
+ * split plan's column blocks sum in an order fixed by shape). */
 #include "internal/layer_norm.h"
 #include "norm_plan.cuh"
 #include "partial_sums.cuh"
@@ -370,25 +374,18 @@ layer_norm_fwd_ring_kernel(int64_t rows, int64_t n, const T *x, int64_t xs, cons
  * shared memory (2n values of A, column i*S+k at k*steps+i so a warp's
  * accesses hit distinct banks); each thread owns its columns there, so no
  * barrier guards them, and registers stay free for the row's packs. */
+/* Rows first, first + stride, ... of the resident backward: dx, and with
+ * dw_sum (shared memory, 2n values) each column's dweight and dbias sums. */
 template <typename T, typename W, typename A, int ITERS>
-__global__ void __launch_bounds__(kResidentThreads)
-layer_norm_bwd_resident_kernel(int64_t rows, int64_t n, const T *__restrict__ dy, int64_t dys,
-                               const T *__restrict__ x, int64_t xs, const W *__restrict__ w,
-                               const A *__restrict__ mean, const A *__restrict__ rstd, T *__restrict__ dx,
-                               int64_t dxs, A *__restrict__ partial, int64_t parts) {
-    let_next_launch_start(); /* the dweight column sums may launch now; they wait for this launch to end */
+__device__ __forceinline__ void bwd_resident_rows(int64_t first, int64_t stride, int64_t rows, int64_t n,
+                                                  const T *__restrict__ dy, int64_t dys, const T *__restrict__ x,
+                                                  int64_t xs, const W *__restrict__ w, const A *__restrict__ mean,
+                                                  const A *__restrict__ rstd, T *__restrict__ dx, int64_t dxs,
+                                                  A *dw_sum, A *scratch) {
     constexpr int S = Pack<T>::VEC;
-    extern __shared__ __align__(16) unsigned char dynamic_smem[];
-    A *const dw_sum = reinterpret_cast<A *>(dynamic_smem);
-    A *const db_sum = dw_sum + n;
-    __shared__ A scratch[64];
     const int64_t steps = n / S;
-    if (partial)
-        for_my_packs<ITERS>(steps, [&](int, int64_t i) {
-#pragma unroll
-            for (int k = 0; k < S; k++) dw_sum[k * steps + i] = 0, db_sum[k * steps + i] = 0;
-        });
-    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    A *const db_sum = dw_sum ? dw_sum + n : nullptr;
+    for (int64_t r = first; r < rows; r += stride) {
         const T *xr = x + r * xs, *dyr = dy + r * dys;
         Pack<T> xp[ITERS], dp[ITERS];
         const A mu = mean[r], rs = rstd[r];
@@ -419,11 +416,33 @@ layer_norm_bwd_resident_kernel(int64_t rows, int64_t n, const T *__restrict__ dy
             for (int k = 0; k < S; k++) {
                 const A d = to_acc(dp[it].v[k]), xh = (to_acc(xp[it].v[k]) - mu) * rs;
                 out.v[k] = from_acc<T>(rs * ((w ? d * wv[k] : d) - mg - xh * mgx));
-                if (partial) dw_sum[k * steps + i] += d * xh, db_sum[k * steps + i] += d;
+                if (dw_sum) dw_sum[k * steps + i] += d * xh, db_sum[k * steps + i] += d;
             }
             store_pack(dx + r * dxs + i * S, out);
         });
     }
+}
+
+template <typename T, typename W, typename A, int ITERS>
+__global__ void __launch_bounds__(kResidentThreads)
+layer_norm_bwd_resident_kernel(int64_t rows, int64_t n, const T *__restrict__ dy, int64_t dys,
+                               const T *__restrict__ x, int64_t xs, const W *__restrict__ w,
+                               const A *__restrict__ mean, const A *__restrict__ rstd, T *__restrict__ dx,
+                               int64_t dxs, A *__restrict__ partial, int64_t parts) {
+    let_next_launch_start(); /* the dweight column sums may launch now; they wait for this launch to end */
+    constexpr int S = Pack<T>::VEC;
+    extern __shared__ __align__(16) unsigned char dynamic_smem[];
+    A *const dw_sum = partial ? reinterpret_cast<A *>(dynamic_smem) : nullptr;
+    A *const db_sum = dw_sum ? dw_sum + n : nullptr;
+    __shared__ A scratch[64];
+    const int64_t steps = n / S;
+    if (partial)
+        for_my_packs<ITERS>(steps, [&](int, int64_t i) {
+#pragma unroll
+            for (int k = 0; k < S; k++) dw_sum[k * steps + i] = 0, db_sum[k * steps + i] = 0;
+        });
+    bwd_resident_rows<T, W, A, ITERS>(blockIdx.x, gridDim.x, rows, n, dy, dys, x, xs, w, mean, rstd, dx, dxs, dw_sum,
+                                      scratch);
     if (partial) {
         A *pw = partial + (int64_t)blockIdx.x * n, *pb = partial + (parts + blockIdx.x) * n;
         /* 16-byte stores of a thread's S adjacent columns, as rms_norm's */
@@ -437,6 +456,71 @@ layer_norm_bwd_resident_kernel(int64_t rows, int64_t n, const T *__restrict__ dy
     }
 }
 
+/* S column sums into W: 16-byte stores where S elements of W fill them (an
+ * f32 weight beside f64 x takes 8 bytes a pack: element stores). */
+template <typename W, int S, typename A> __device__ __forceinline__ void store_sums(W *out, const A (&acc)[S]) {
+    if constexpr (S * sizeof(W) % 16 == 0) {
+        Elems<W, S> v;
+#pragma unroll
+        for (int k = 0; k < S; k++) v.v[k] = from_acc<W>(acc[k]);
+        store_elems<W, S>(out, v);
+    } else {
+#pragma unroll
+        for (int k = 0; k < S; k++) out[k] = from_acc<W>(acc[k]);
+    }
+}
+
+/* A short batch's backward in one launch and no workspace (the split plan,
+ * rms_norm's): blocks 0 .. rows-1 take a row each, as the resident kernel
+ * without sums; the blocks after them take 32 packs of columns each and sum
+ * dweight and dbias over every row from dy, x, mean and rstd, which the
+ * rows' blocks do not write (the plan is not taken when dx overlaps them).
+ * A column block's warps take rows g, g + G, ... and meet in shared memory
+ * in a fixed order, so the summation order is fixed by shape. */
+template <typename T, typename W, typename A, int ITERS>
+__global__ void __launch_bounds__(kResidentThreads)
+layer_norm_bwd_split_kernel(int64_t rows, int64_t n, const T *__restrict__ dy, int64_t dys,
+                            const T *__restrict__ x, int64_t xs, const W *__restrict__ w,
+                            const A *__restrict__ mean, const A *__restrict__ rstd, T *__restrict__ dx, int64_t dxs,
+                            W *__restrict__ dw, W *__restrict__ db) {
+    constexpr int S = Pack<T>::VEC;
+    __shared__ A scratch[64];
+    if ((int64_t)blockIdx.x < rows) {
+        bwd_resident_rows<T, W, A, ITERS>(blockIdx.x, rows, rows, n, dy, dys, x, xs, w, mean, rstd, dx, dxs,
+                                          nullptr, scratch);
+        return;
+    }
+    /* warps 1.. : column k * 32 + lane (2 x 15 KB at bf16) */
+    __shared__ A others_w[kResidentThreads / 32 - 1][32 * S], others_b[kResidentThreads / 32 - 1][32 * S];
+    const int lane = threadIdx.x & 31, g = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    const int64_t p = ((int64_t)blockIdx.x - rows) * 32 + lane, steps = n / S;
+    A aw[S], ab[S];
+#pragma unroll
+    for (int k = 0; k < S; k++) aw[k] = 0, ab[k] = 0;
+    if (p < steps) {
+#pragma unroll 4
+        for (int64_t r = g; r < rows; r += warps) {
+            const Pack<T> d = load_pack(dy + r * dys + p * S), xv = load_pack(x + r * xs + p * S);
+            const A mu = mean[r], rs = rstd[r];
+#pragma unroll
+            for (int k = 0; k < S; k++) {
+                const A dk = to_acc(d.v[k]);
+                aw[k] += dk * ((to_acc(xv.v[k]) - mu) * rs);
+                ab[k] += dk;
+            }
+        }
+    }
+    if (g > 0)
+#pragma unroll
+        for (int k = 0; k < S; k++) others_w[g - 1][k * 32 + lane] = aw[k], others_b[g - 1][k * 32 + lane] = ab[k];
+    __syncthreads();
+    if (g > 0 || p >= steps) return;
+    for (int j = 0; j < warps - 1; j++)
+#pragma unroll
+        for (int k = 0; k < S; k++) aw[k] += others_w[j][k * 32 + lane], ab[k] += others_b[j][k * 32 + lane];
+    if (dw) store_sums<W, S>(dw + p * S, aw);
+    if (db) store_sums<W, S>(db + p * S, ab);
+}
 
 /* Staged backward: the path for packed rows when there are many more rows
  * than SMs, rms_norm's structure (norm_plan.cuh, row_pipeline.cuh) with two
@@ -593,6 +677,10 @@ template <typename T, typename W, typename A> BwdKernel<T, W, A> bwd_resident_ke
     }
 }
 
+template <typename T, typename W, typename A> using BwdSplitKernel =
+    void (*)(int64_t, int64_t, const T *, int64_t, const T *, int64_t, const W *, const A *, const A *, T *, int64_t,
+             W *, W *);
+
 template <typename T, typename W, typename A> BwdKernel<T, W, A> bwd_staged_kernel(int iters, int ctas) {
     switch (ctas) {
     case 1: return iters == 1 ? layer_norm_bwd_staged_kernel<T, W, A, 1, 1>
@@ -663,6 +751,27 @@ template <typename T, typename W, typename A> Launch bwd_launch(int64_t rows, in
              with_sums ? 2 * (size_t)n * sizeof(A) : 0, 0, "resident"};
     l = fit_grid(l, rows);
     if (!l.grid) l.family = "generic";
+    return l;
+}
+
+/* The split plan (layer_norm_bwd_split_kernel) for a short batch of packed
+ * rows with dweight or dbias: the resident latency plan's blocks, one a
+ * row, and a block for each 32 packs of columns; grid == 0 where it does
+ * not apply (more rows than SMs, rows too wide for the resident kernel). */
+template <typename T, typename W, typename A> Launch bwd_split_launch(int64_t rows, int64_t n) {
+    Launch l{nullptr, 0, 1, 0, 0, "split"};
+    const int64_t vec = Pack<T>::VEC;
+    if (rows < 1 || rows > sm_count() || n % vec != 0) return l;
+    const Resident plan = resident_plan(n / vec, kBwdMinThreads, true, kResidentIters);
+    if (!plan.iters) return l;
+    switch (plan.iters) {
+    case 1: l.kernel = reinterpret_cast<const void *>(layer_norm_bwd_split_kernel<T, W, A, 1>); break;
+    case 2: l.kernel = reinterpret_cast<const void *>(layer_norm_bwd_split_kernel<T, W, A, 2>); break;
+    case 4: l.kernel = reinterpret_cast<const void *>(layer_norm_bwd_split_kernel<T, W, A, 4>); break;
+    default: l.kernel = reinterpret_cast<const void *>(layer_norm_bwd_split_kernel<T, W, A, 8>); break;
+    }
+    l.threads = plan.threads;
+    l.grid = rows + (n / vec + 31) / 32;
     return l;
 }
 
@@ -741,6 +850,16 @@ opsmith_status bwd(int64_t rows, int64_t n, const void *dy, int64_t dys, const v
     const A *mp = static_cast<const A *>(mean), *rp = static_cast<const A *>(rstd);
     T *dxp = static_cast<T *>(dx);
     const bool sums = dw || db;
+    if (packed && sums && (!dw || aligned16(dw)) && (!db || aligned16(db)) &&
+        !rows_overlap(dx, dxs, sizeof(T), dy, dys, sizeof(T), rows, n) &&
+        !rows_overlap(dx, dxs, sizeof(T), x, xs, sizeof(T), rows, n)) {
+        const Launch split = bwd_split_launch<T, W, A>(rows, n);
+        if (split.grid) {
+            launch<BwdSplitKernel<T, W, A>>(split, stream, rows, n, dyp, dys, xp, xs, wp, mp, rp, dxp, dxs,
+                                            static_cast<W *>(dw), static_cast<W *>(db));
+            return launch_status();
+        }
+    }
     A *partial = sums ? static_cast<A *>(workspace) : nullptr;
     /* the workspace's layout is fixed by the size query's plan count */
     const int64_t cap = sums ? bwd_parts<T, W, A>(rows, n) : 0;
@@ -806,7 +925,10 @@ extern "C" const char *opsmith_internal_layer_norm_cuda_plan(opsmith_dtype x_dty
         using T = decltype(t);
         using W = decltype(w);
         using A = decltype(acc);
-        if (backward) return bwd_launch<T, W, A>(rows, n, true);
+        if (backward) {
+            const Launch split = bwd_split_launch<T, W, A>(rows, n);
+            return split.grid ? split : bwd_launch<T, W, A>(rows, n, true);
+        }
         int stages = 0;
         return fwd_plan<T, W, A>(rows, n, &stages);
     });

@@ -822,7 +822,8 @@ opsmith_status bwd(int64_t rows, int64_t n, const void *dy, int64_t dys, const v
     const A *ip = static_cast<const A *>(inv_rms);
     T *dxp = static_cast<T *>(dx);
     A *partial = dw ? static_cast<A *>(workspace) : nullptr;
-    if (packed && dw && aligned16(dw)) {
+    if (packed && dw && aligned16(dw) && !rows_overlap(dx, dxs, sizeof(T), dy, dys, sizeof(Y), rows, n) &&
+        !rows_overlap(dx, dxs, sizeof(T), x, xs, sizeof(T), rows, n)) {
         const Launch split = bwd_split_launch<K, DH>(rows, n);
         if (split.grid) {
             launch<BwdSplitKernel<K>>(split, stream, rows, n, dyp, dys, xp, xs, wp, o, ip, dxp, dxs,

@@ -750,7 +750,7 @@ static void ln_cuda_plans(void)
         const char *family;
     } plans[] = {
         {OPSMITH_DTYPE_BF16, OPSMITH_DTYPE_BF16, 3, 4096, 0, "resident"},
-        {OPSMITH_DTYPE_BF16, OPSMITH_DTYPE_F32, 3, 4096, 1, "resident"},
+        {OPSMITH_DTYPE_BF16, OPSMITH_DTYPE_F32, 3, 4096, 1, "split"},      /* a short batch: one launch */
         {OPSMITH_DTYPE_BF16, OPSMITH_DTYPE_BF16, 2000, 4096, 0, "resident"},
         {OPSMITH_DTYPE_BF16, OPSMITH_DTYPE_BF16, 300, 16384, 0, "ring"},      /* more rows than SMs, >= 1024 packs */
         {OPSMITH_DTYPE_BF16, OPSMITH_DTYPE_BF16, 300, 4096, 0, "resident"},   /* 512 packs */
@@ -772,7 +772,8 @@ static void ln_cuda_plans(void)
         {OPSMITH_DTYPE_BF16, OPSMITH_DTYPE_BF16, 140, 40000, 1, "staged"},  /* cluster of 4 */
         {OPSMITH_DTYPE_F32, OPSMITH_DTYPE_F32, 140, 4096, 1, "resident"},   /* under 2 rows an SM */
         {OPSMITH_DTYPE_BF16, OPSMITH_DTYPE_BF16, 140, 32768, 1, "staged"},  /* cluster of 2 */
-        {OPSMITH_DTYPE_BF16, OPSMITH_DTYPE_BF16, 3, 32768, 1, "generic"},   /* 2n sums past shared memory */
+        {OPSMITH_DTYPE_BF16, OPSMITH_DTYPE_BF16, 3, 32768, 1, "split"},     /* no sums in shared memory */
+        {OPSMITH_DTYPE_F32, OPSMITH_DTYPE_F32, 3, 65536, 1, "generic"},     /* 16384 packs: past the resident plan */
         {OPSMITH_DTYPE_BF16, OPSMITH_DTYPE_BF16, 300, 100003, 1, "generic"},
     };
     for (size_t i = 0; i < sizeof plans / sizeof plans[0]; i++) {
