@@ -138,9 +138,14 @@ def test_inplace_backward_writes_dx_over_the_gradient(device, dtype):
     opsmith.rms_norm(xa, wa, 1e-6).backward(dy_copy.clone())
     y = opsmith.rms_norm(xb, wb, 1e-6, inplace_backward=True)
     y.backward(dy)
-    assert torch.equal(xb.grad, xa.grad) and torch.equal(wb.grad, wa.grad)
+    # The same values, not always the same bits: on CUDA a short batch's
+    # backward apart from dy takes the split plan (dweight summed beside the
+    # rows), which cannot read dy while dx is written over it.
+    tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(xb.grad, xa.grad, **tol)
+    torch.testing.assert_close(wb.grad, wa.grad, **tol)
     # the memory saving is real: the gradient handed in now holds dx
-    assert torch.equal(dy, xa.grad), "inplace_backward did not write dx over dy"
+    assert torch.equal(dy, xb.grad), "inplace_backward did not write dx over dy"
 
 
 def test_inplace_backward_falls_back_where_it_cannot(device):
