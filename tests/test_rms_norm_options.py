@@ -141,7 +141,8 @@ def test_inplace_backward_writes_dx_over_the_gradient(device, dtype):
     # The same values, not always the same bits: on CUDA a short batch's
     # backward apart from dy takes the split plan (dweight summed beside the
     # rows), which cannot read dy while dx is written over it.
-    tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=1e-2, atol=1e-2)
+    # (dweight sums 128 rows: its absolute error scales with them)
+    tol = dict(rtol=1e-5, atol=1e-4) if dtype == torch.float32 else dict(rtol=1e-2, atol=1e-2)
     torch.testing.assert_close(xb.grad, xa.grad, **tol)
     torch.testing.assert_close(wb.grad, wa.grad, **tol)
     # the memory saving is real: the gradient handed in now holds dx
