@@ -754,25 +754,14 @@ template <typename T, typename W, typename A> Launch bwd_launch(int64_t rows, in
     return l;
 }
 
-/* The split plan (layer_norm_bwd_split_kernel) for a short batch of packed
- * rows with dweight or dbias: the resident latency plan's blocks, one a
- * row, and a block for each 32 packs of columns; grid == 0 where it does
- * not apply (more rows than SMs, rows too wide for the resident kernel). */
+/* The split plan (layer_norm_bwd_split_kernel, norm_plan.cuh's split_launch)
+ * for a short batch of packed rows with dweight or dbias. */
 template <typename T, typename W, typename A> Launch bwd_split_launch(int64_t rows, int64_t n) {
-    Launch l{nullptr, 0, 1, 0, 0, "split"};
-    const int64_t vec = Pack<T>::VEC;
-    if (rows < 1 || rows > sm_count() || n % vec != 0) return l;
-    const Resident plan = resident_plan(n / vec, kBwdMinThreads, true, kResidentIters);
-    if (!plan.iters) return l;
-    switch (plan.iters) {
-    case 1: l.kernel = reinterpret_cast<const void *>(layer_norm_bwd_split_kernel<T, W, A, 1>); break;
-    case 2: l.kernel = reinterpret_cast<const void *>(layer_norm_bwd_split_kernel<T, W, A, 2>); break;
-    case 4: l.kernel = reinterpret_cast<const void *>(layer_norm_bwd_split_kernel<T, W, A, 4>); break;
-    default: l.kernel = reinterpret_cast<const void *>(layer_norm_bwd_split_kernel<T, W, A, 8>); break;
-    }
-    l.threads = plan.threads;
-    l.grid = rows + (n / vec + 31) / 32;
-    return l;
+    const void *const kernels[4] = {reinterpret_cast<const void *>(layer_norm_bwd_split_kernel<T, W, A, 1>),
+                                    reinterpret_cast<const void *>(layer_norm_bwd_split_kernel<T, W, A, 2>),
+                                    reinterpret_cast<const void *>(layer_norm_bwd_split_kernel<T, W, A, 4>),
+                                    reinterpret_cast<const void *>(layer_norm_bwd_split_kernel<T, W, A, 8>)};
+    return split_launch(kernels, rows, n, Pack<T>::VEC);
 }
 
 template <typename T, typename W, typename A> using FwdRing =

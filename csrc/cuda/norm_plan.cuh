@@ -42,6 +42,22 @@ inline bool rows_overlap(const void *a, int64_t as, size_t asize, const void *b,
 /* the fewest threads a block of the resident throughput plans keeps */
 constexpr int kFwdMinThreads = 64, kBwdMinThreads = 128;
 
+/* The split backward plans' launch (rms_norm's and layer_norm's
+ * bwd_split_kernel) for a short batch of packed rows: the resident latency
+ * plan's blocks, one a row, and a block for each 32 packs of columns;
+ * kernels[i] holds the kernel of 1 << i packs a thread. grid == 0 where it
+ * does not apply (more rows than SMs, rows too wide for the resident plan). */
+inline Launch split_launch(const void *const kernels[4], int64_t rows, int64_t n, int vec) {
+    Launch l{nullptr, 0, 1, 0, 0, "split"};
+    if (rows < 1 || rows > sm_count() || n % vec != 0) return l;
+    const Resident plan = resident_plan(n / vec, kBwdMinThreads, true, kResidentIters);
+    if (!plan.iters) return l;
+    l.kernel = kernels[plan.iters == 1 ? 0 : plan.iters == 2 ? 1 : plan.iters == 4 ? 2 : 3];
+    l.threads = plan.threads;
+    l.grid = rows + (n / vec + 31) / 32;
+    return l;
+}
+
 /* Staged backward: rows streamed through a ring of kStages row stages in
  * shared memory, filled by cp.async kStages - 1 rows ahead. */
 constexpr int kStages = 3;

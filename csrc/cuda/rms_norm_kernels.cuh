@@ -675,29 +675,18 @@ template <typename K> using BwdSplitKernel =
              const typename K::W *, Opts<AccK<K>>, const AccK<K> *, typename K::T *, int64_t, typename K::W *,
              DhIn<typename K::T>);
 
-/* The split plan (rms_norm_bwd_split_kernel) for a short batch of packed
- * rows with dweight: the resident latency plan's blocks, one a row, and a
- * block for each 32 packs of columns; grid == 0 where it does not apply
- * (more rows than SMs, rows too wide for the resident kernel). */
+/* The split plan (rms_norm_bwd_split_kernel, norm_plan.cuh's split_launch)
+ * for a short batch of packed rows with dweight. */
 template <typename K, bool DH> Launch bwd_split_launch(int64_t rows, int64_t n) {
     using T = typename K::T;
     using W = typename K::W;
     using Y = typename K::Y;
     using A = AccK<K>;
-    Launch l{nullptr, 0, 1, 0, 0, "split"};
-    const int64_t vec = Pack<T>::VEC;
-    if (rows < 1 || rows > sm_count() || n % vec != 0) return l;
-    const Resident plan = resident_plan(n / vec, kBwdMinThreads, true, kResidentIters);
-    if (!plan.iters) return l;
-    switch (plan.iters) {
-    case 1: l.kernel = reinterpret_cast<const void *>(rms_norm_bwd_split_kernel<T, W, Y, A, 1, DH>); break;
-    case 2: l.kernel = reinterpret_cast<const void *>(rms_norm_bwd_split_kernel<T, W, Y, A, 2, DH>); break;
-    case 4: l.kernel = reinterpret_cast<const void *>(rms_norm_bwd_split_kernel<T, W, Y, A, 4, DH>); break;
-    default: l.kernel = reinterpret_cast<const void *>(rms_norm_bwd_split_kernel<T, W, Y, A, 8, DH>); break;
-    }
-    l.threads = plan.threads;
-    l.grid = rows + (n / vec + 31) / 32;
-    return l;
+    const void *const kernels[4] = {reinterpret_cast<const void *>(rms_norm_bwd_split_kernel<T, W, Y, A, 1, DH>),
+                                    reinterpret_cast<const void *>(rms_norm_bwd_split_kernel<T, W, Y, A, 2, DH>),
+                                    reinterpret_cast<const void *>(rms_norm_bwd_split_kernel<T, W, Y, A, 4, DH>),
+                                    reinterpret_cast<const void *>(rms_norm_bwd_split_kernel<T, W, Y, A, 8, DH>)};
+    return split_launch(kernels, rows, n, Pack<T>::VEC);
 }
 
 /* Backward plan for packed rows: a short batch (no more rows than SMs) takes
