@@ -369,11 +369,6 @@ layer_norm_fwd_ring_kernel(int64_t rows, int64_t n, const T *x, int64_t xs, cons
     cluster.finish();
 }
 
-/* partial is (2, gridDim.x, n): block p's dweight and dbias sums over its
- * rows, rows p and gridDim.x + p. The block keeps both sums in dynamic
- * shared memory (2n values of A, column i*S+k at k*steps+i so a warp's
- * accesses hit distinct banks); each thread owns its columns there, so no
- * barrier guards them, and registers stay free for the row's packs. */
 /* Rows first, first + stride, ... of the resident backward: dx, and with
  * dw_sum (shared memory, 2n values) each column's dweight and dbias sums. */
 template <typename T, typename W, typename A, int ITERS>
@@ -423,6 +418,11 @@ __device__ __forceinline__ void bwd_resident_rows(int64_t first, int64_t stride,
     }
 }
 
+/* partial is (2, parts, n): block p's dweight and dbias sums over its
+ * rows, rows p and parts + p. The block keeps both sums in dynamic
+ * shared memory (2n values of A, column i*S+k at k*steps+i so a warp's
+ * accesses hit distinct banks); each thread owns its columns there, so no
+ * barrier guards them, and registers stay free for the row's packs. */
 template <typename T, typename W, typename A, int ITERS>
 __global__ void __launch_bounds__(kResidentThreads)
 layer_norm_bwd_resident_kernel(int64_t rows, int64_t n, const T *__restrict__ dy, int64_t dys,
