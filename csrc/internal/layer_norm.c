@@ -1,6 +1,8 @@
 /* LayerNorm argument validation, shared by the CPU and CUDA launchers. */
 #include "internal/layer_norm.h"
 
+#include <string.h>
+
 
 static int is_float(opsmith_dtype d) { return (unsigned)d < OPSMITH_DTYPE_COUNT && opsmith_dtype_is_float(d); }
 
@@ -75,6 +77,21 @@ opsmith_status opsmith_internal_layer_norm_check(const opsmith_layer_norm_args *
         if (!exact)
             return opsmith_internal_fail(bad, "%s: %s overlaps %s; it may only be %s itself (same pointer and row stride)",
                                          op, out_name, others[i].name, a->backward ? "dy" : "x");
+    }
+    /* dweight and dbias are written while the inputs are still read (on
+     * CUDA a short batch's column blocks run beside the rows' blocks):
+     * apart from every input, from dx and from each other */
+    const struct { const char *name; const void *p; } grads[] = {{"dweight", dweight}, {"dbias", dbias}};
+    for (size_t g = 0; g < 2; g++) {
+        if (!grads[g].p) continue;
+        const opsmith_span gs = opsmith_internal_span(grads[g].p, 1, n, n, wsz);
+        for (size_t i = 0; i < sizeof others / sizeof others[0]; i++)
+            if (others[i].present && strcmp(others[i].name, grads[g].name) != 0 &&
+                opsmith_internal_overlap(gs, others[i].s))
+                return opsmith_internal_fail(bad, "%s: %s overlaps %s; they must be apart", op, grads[g].name,
+                                             others[i].name);
+        if (opsmith_internal_overlap(gs, o))
+            return opsmith_internal_fail(bad, "%s: %s overlaps %s; they must be apart", op, grads[g].name, out_name);
     }
     return OPSMITH_STATUS_SUCCESS;
 }

@@ -96,6 +96,18 @@ opsmith_status opsmith_internal_rms_norm_check(const char *op, opsmith_dtype x_d
             return opsmith_internal_fail(bad, "%s: %s overlaps %s; it may only be %s itself (same pointer, row stride and dtype)",
                                          op, out_name, inputs[i].name, backward ? "dy" : "x");
     }
+    /* dweight is written while the inputs are still read (on CUDA a short
+     * batch's column blocks run beside the rows' blocks): apart from all */
+    if (backward && weight && dweight) {
+        const opsmith_span dw = opsmith_internal_span(dweight, 1, n, n, w_size);
+        const struct { const char *name; opsmith_span s; } read[] = {
+            {"x", inputs[0].s}, {"dy", inputs[1].s}, {"weight", inputs[2].s}, {out_name, o},
+            {"inv_rms", opsmith_internal_span(inv_rms, 1, rows, rows, acc_size)},
+        };
+        for (size_t i = 0; i < sizeof read / sizeof read[0]; i++)
+            if (opsmith_internal_overlap(dw, read[i].s))
+                return opsmith_internal_fail(bad, "%s: dweight overlaps %s; they must be apart", op, read[i].name);
+    }
     return OPSMITH_STATUS_SUCCESS;
 }
 

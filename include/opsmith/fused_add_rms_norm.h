@@ -17,7 +17,7 @@
  * the gradient both x and residual receive, rounded as autograd sums the two
  * gradients of h. dh may be NULL; dy must be given (a caller without dy has
  * dx = dh and a zero dweight). Aliasing: dx may be dy (same dtype); dx must
- * be apart from dh and h. The dweight sum is deterministic, as RMSNorm's. */
+ * be apart from dh and h; dweight apart from every other tensor. The dweight sum is deterministic, as RMSNorm's. */
 #ifndef OPSMITH_FUSED_ADD_RMS_NORM_H
 #define OPSMITH_FUSED_ADD_RMS_NORM_H
 

@@ -27,7 +27,8 @@
  * and dweight are non-NULL) and dbias (written when non-NULL) are (n) in
  * weight_dtype, zeros when rows == 0. Both sums are deterministic: the same
  * inputs give the same bits whatever the thread (or block) count.
- * Aliasing: dx may be dy (in place).
+ * Aliasing: dx may be dy (in place); dweight and dbias apart from every
+ * other tensor and from each other.
  *
  * Supported (x_dtype, weight_dtype): (D, D) for D in f64, f32, f16, bf16;
  * (f16, f32), (bf16, f32), (f64, f32). */

@@ -18,7 +18,7 @@
  * the forward's; dweight is (n), written only when both weight and dweight
  * are non-NULL (zeros when rows == 0). The dweight sum is deterministic:
  * the same inputs give the same bits whatever the thread count.
- * Aliasing: dx may be dy (in place).
+ * Aliasing: dx may be dy (in place); dweight apart from every other tensor.
  * These launchers are the options' below with one dtype, offset 0, NONE. */
 #ifndef OPSMITH_RMS_NORM_H
 #define OPSMITH_RMS_NORM_H
@@ -62,7 +62,7 @@ OPSMITH_API opsmith_status opsmith_rms_norm_bwd_cpu(opsmith_dtype dtype, int64_t
  * precision). Any other combination is OPSMITH_STATUS_UNSUPPORTED_DTYPE.
  * Without a weight, weight_dtype is ignored and y_dtype is x's or f32.
  * inv_rms is f64 for f64 x, else f32. Aliasing: y may be x, and dx may be
- * dy, when their dtypes are the same. */
+ * dy, when their dtypes are the same; dweight apart from every other tensor. */
 typedef enum opsmith_rms_norm_casting {
     OPSMITH_RMS_NORM_CASTING_NONE = 0,
     OPSMITH_RMS_NORM_CASTING_LLAMA = 1,

@@ -617,6 +617,12 @@ static void ln_bad_args(int cuda, const ln_call *base)
     LN_EXPECT(ln_call_bwd, dx = (void *)base->x, INVALID, "dx overlaps x");
     LN_EXPECT(ln_call_bwd, dx = (char *)base->dy + es; a_.rows = 1, INVALID, "dx overlaps dy");
     LN_EXPECT(ln_call_bwd, db = base->dx, INVALID, "dx overlaps dbias");
+    /* dweight and dbias apart from everything (written while the inputs are read) */
+    LN_EXPECT(ln_call_bwd, dw = (void *)base->w, INVALID, "dweight overlaps weight");
+    LN_EXPECT(ln_call_bwd, dw = (void *)base->x, INVALID, "dweight overlaps x");
+    LN_EXPECT(ln_call_bwd, db = (void *)base->dy, INVALID, "dbias overlaps dy");
+    LN_EXPECT(ln_call_bwd, db = (void *)base->rstd_in, INVALID, "dbias overlaps rstd");
+    LN_EXPECT(ln_call_bwd, db = base->dw, INVALID, "dweight overlaps dbias");
     LN_EXPECT(ln_call_bwd, ws_bytes = base->ws_bytes - 1, SMALL, "workspace_bytes");
     LN_EXPECT(ln_call_bwd, ws = NULL, INVALID, "workspace is NULL");
     LN_EXPECT(ln_call_bwd, ws = (char *)base->ws + 16, MISALIGNED, "workspace (");

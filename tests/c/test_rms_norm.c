@@ -404,6 +404,12 @@ void test_bad_args(int cuda, const call_args *base)
     EXPECT(call_bwd, dx = (void *)base->dy; a_.dxs = base->dys, OK, "");
     EXPECT(call_bwd, dx = (void *)base->x, INVALID, "dx overlaps x");
     EXPECT(call_bwd, dx = (char *)base->dy + es; a_.rows = 1, INVALID, "dx overlaps dy");
+    /* dweight apart from everything (written while the inputs are read) */
+    EXPECT(call_bwd, dw = (void *)base->w, INVALID, "dweight overlaps weight");
+    EXPECT(call_bwd, dw = (void *)base->x, INVALID, "dweight overlaps x");
+    EXPECT(call_bwd, dw = (void *)base->dy, INVALID, "dweight overlaps dy");
+    EXPECT(call_bwd, dw = base->dx, INVALID, "dweight overlaps dx");
+    EXPECT(call_bwd, dw = (void *)base->inv_in, INVALID, "dweight overlaps inv_rms");
     /* the workspace rules of opsmith.h, on both backends */
     EXPECT(call_bwd, ws_bytes = base->ws_bytes - 1, SMALL, "workspace_bytes");
     EXPECT(call_bwd, ws = NULL, INVALID, "workspace is NULL");
