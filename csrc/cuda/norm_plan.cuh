@@ -148,10 +148,11 @@ inline bool norm_ring_applies(int64_t rows, int64_t n, int vec) {
 
 /* The resident forward's plan for rows of `steps` packs (resident_plan
  * with kFwdMinThreads, or the packs a thread OPSMITH_NORM_FWD_PACKS asks
- * for where the row fits a block at that many). */
+ * for where the row fits a block at that many and the kernel has that
+ * many: 1, 2 or 4, at most max_iters). */
 inline Resident norm_fwd_resident(int64_t steps, bool latency, int max_iters) {
     const int p = norm_tuning().fwd_packs;
-    if (latency || p < 1 || steps < 1 || steps > (int64_t)kResidentThreads * p)
+    if (latency || p < 1 || p == 3 || p > max_iters || steps < 1 || steps > (int64_t)kResidentThreads * p)
         return resident_plan(steps, kFwdMinThreads, latency, max_iters);
     const int64_t t = ((steps + p - 1) / p + 31) / 32 * 32;
     return Resident{p, (int)t};
