@@ -8,6 +8,7 @@
 
 #include <initializer_list>
 
+#include "internal.h"
 #include "launch_plan.cuh"
 #include "row_pipeline.cuh"
 #include "rows.cuh"
@@ -29,14 +30,11 @@ inline bool packed_ok(int64_t n, int vec, std::initializer_list<int64_t> strides
 /* whether two row sets (rows rows of n elements, row strides in elements)
  * may share bytes, over their whole extents: the split backward plans read
  * dy and x in blocks that run beside the blocks writing dx, so dx written
- * over dy (in-place backward) takes another plan */
+ * over dy (in-place backward) takes another plan (the C checks' byte spans) */
 inline bool rows_overlap(const void *a, int64_t as, size_t asize, const void *b, int64_t bs, size_t bsize,
                          int64_t rows, int64_t n) {
-    if (!a || !b || rows < 1 || n < 1) return false;
-    const char *a0 = static_cast<const char *>(a), *b0 = static_cast<const char *>(b);
-    const char *a1 = a0 + ((rows - 1) * (as > 0 ? as : 0) + n) * (int64_t)asize;
-    const char *b1 = b0 + ((rows - 1) * (bs > 0 ? bs : 0) + n) * (int64_t)bsize;
-    return a0 < b1 && b0 < a1;
+    return opsmith_internal_overlap(opsmith_internal_span(a, rows, n, as, asize),
+                                    opsmith_internal_span(b, rows, n, bs, bsize));
 }
 
 /* the fewest threads a block of the resident throughput plans keeps */
