@@ -131,11 +131,13 @@ constexpr int64_t kRingMinPacks = 1024;
 /* The norm forwards' plan choices, read once from the environment (as
  * ring_tuning) so a benchmark can compare them in one build:
  * OPSMITH_NORM_FWD_PACKS (packs a thread of the resident throughput plan,
- * 1, 2 or 4; 0, the default: resident_plan's choice) and
- * OPSMITH_NORM_RING_MIN_PACKS (the ring forward's narrowest row, default
- * kRingMinPacks). Defined in launch_plan.cu. */
+ * 1, 2 or 4; 0, the default: resident_plan's choice),
+ * OPSMITH_NORM_LATENCY_PACKS (the same for the latency plan of a short
+ * batch, 1, 2, 4 or 8; 0, the default: one pack a thread, the widest
+ * block) and OPSMITH_NORM_RING_MIN_PACKS (the ring forward's narrowest
+ * row, default kRingMinPacks). Defined in launch_plan.cu. */
 struct NormTuning {
-    int fwd_packs;
+    int fwd_packs, latency_packs;
     int64_t ring_min_packs;
 };
 const NormTuning &norm_tuning(void);
@@ -145,12 +147,12 @@ inline bool norm_ring_applies(int64_t rows, int64_t n, int vec) {
 }
 
 /* The resident forward's plan for rows of `steps` packs (resident_plan
- * with kFwdMinThreads, or the packs a thread OPSMITH_NORM_FWD_PACKS asks
- * for where the row fits a block at that many and the kernel has that
- * many: 1, 2 or 4, at most max_iters). */
+ * with kFwdMinThreads, or the packs a thread the tuning variables ask for
+ * where the row fits a block at that many and the kernel has that many: a
+ * power of two, at most max_iters). */
 inline Resident norm_fwd_resident(int64_t steps, bool latency, int max_iters) {
-    const int p = norm_tuning().fwd_packs;
-    if (latency || p < 1 || p == 3 || p > max_iters || steps < 1 || steps > (int64_t)kResidentThreads * p)
+    const int p = latency ? norm_tuning().latency_packs : norm_tuning().fwd_packs;
+    if (p < 1 || (p & (p - 1)) != 0 || p > max_iters || steps < 1 || steps > (int64_t)kResidentThreads * p)
         return resident_plan(steps, kFwdMinThreads, latency, max_iters);
     const int64_t t = ((steps + p - 1) / p + 31) / 32 * 32;
     return Resident{p, (int)t};

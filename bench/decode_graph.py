@@ -1,0 +1,118 @@
+"""Decode-size norm forwards as CUDA graphs of many calls, to split a call's
+time in graph replay into its kernel's run and what a graph node costs
+beyond it:
+
+- each provider's time a call in the replay of a graph of `--calls` calls
+  (CUDA events, median of the replays);
+- each kernel's time inside that replay (torch.profiler over replays);
+- the same for a graph of a one-element fill, the floor a node costs.
+
+    python bench/decode_graph.py [--calls 100] [--label NAME]
+
+Run from the repository root with the library built. OPSMITH_NORM_LATENCY_PACKS
+(csrc/cuda/norm_plan.cuh) picks the packs a thread of the norms' plan for a
+short batch, read once a process: one process a setting, `--label` naming it.
+Rows are printed and appended to $OUT/decode_graph.jsonl when OUT is set."""
+import argparse
+import json
+import os
+import statistics
+import sys
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, os.getcwd())
+from opsmith.bench import OPS  # noqa: E402
+
+SHAPES = [(1, 4096), (16, 4096), (64, 4096), (1, 8192), (16, 8192)]
+PROVIDERS = {"rms_norm": ["opsmith", "torch_compile_F", "torch_compile_hf_llama", "liger"],
+             "layer_norm": ["opsmith", "torch_compile_F", "liger"],
+             "fused_add_rms_norm": ["opsmith", "torch_compile", "liger"]}
+
+
+def graph_of(step, calls):
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(calls):
+            step()
+    g.replay()
+    torch.cuda.synchronize()
+    return g
+
+
+def replay_us(g, calls, reps=50):
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(reps):
+        start.record()
+        g.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / calls)
+    return statistics.median(times)
+
+
+def kernels_us(g, calls, reps=5):
+    """{kernel name: mean us a run} over the kernels the replays ran, and their sum a call."""
+    g.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as p:
+        for _ in range(reps):
+            g.replay()
+        torch.cuda.synchronize()
+    evs = [e for e in p.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    per = {e.key[:90]: round(e.device_time_total / e.count, 3) for e in evs if e.count}
+    total = sum(e.device_time_total for e in evs) / (reps * calls)
+    return per, total
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--calls", type=int, default=100)
+    ap.add_argument("--label", default=os.environ.get("OPSMITH_NORM_LATENCY_PACKS", "default"))
+    ap.add_argument("--opsmith-only", action="store_true")
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    out = os.environ.get("OUT")
+    sink = open(os.path.join(out, "decode_graph.jsonl"), "a") if out else None
+
+    def emit(row):
+        row = {"label": args.label, "gpu": torch.cuda.get_device_name(dev), **row}
+        print(json.dumps(row), flush=True)
+        if sink:
+            sink.write(json.dumps(row) + "\n")
+
+    one = torch.zeros(1, device=dev)
+    g = graph_of(lambda: one.fill_(1.0), args.calls)
+    per, k = kernels_us(g, args.calls)
+    emit({"op": "floor", "provider": "fill_ one element", "us_call": round(replay_us(g, args.calls), 3),
+          "kernel_us_call": round(k, 3), "kernels": per})
+    for op, providers in PROVIDERS.items():
+        spec = OPS[op].bench
+        for rows, n in SHAPES:
+            s = spec.make_inputs(rows, n, torch.bfloat16, dev)
+            inputs = {k: s[k] for k in spec.grad_inputs}
+            for prov in providers[:1] if args.opsmith_only else providers:
+                try:
+                    fn = spec.providers[prov](n, torch.bfloat16, dev)
+                    with torch.no_grad():
+                        fn(**inputs)
+                        g = graph_of(lambda: fn(**inputs), args.calls)
+                        us = replay_us(g, args.calls)
+                        per, k = kernels_us(g, args.calls)
+                except Exception as e:  # a provider that cannot run here is reported, not fatal
+                    emit({"op": op, "rows": rows, "n": n, "provider": prov, "error": repr(e)[:200]})
+                    continue
+                emit({"op": op, "rows": rows, "n": n, "provider": prov, "us_call": round(us, 3),
+                      "kernel_us_call": round(k, 3), "kernels": per})
+
+
+if __name__ == "__main__":
+    main()
