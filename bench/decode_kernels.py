@@ -1,0 +1,34 @@
+"""One decode-size norm forward, run eagerly a few times: the program a
+kernel profiler (ncu) attaches to, one provider a process.
+
+    python bench/decode_kernels.py OP ROWS N PROVIDER [CALLS]
+
+OP is a benchmarked op (rms_norm, layer_norm, fused_add_rms_norm), PROVIDER
+one of its spec's bench providers (opsmith, liger, torch_compile_F, ...);
+bf16 inputs from the spec's make_inputs. Run from the repository root with
+the library built."""
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.getcwd())
+from opsmith.bench import OPS  # noqa: E402
+
+
+def main(argv):
+    op, rows, n, provider = argv[0], int(argv[1]), int(argv[2]), argv[3]
+    calls = int(argv[4]) if len(argv) > 4 else 10
+    spec = OPS[op].bench
+    dev = torch.device("cuda")
+    s = spec.make_inputs(rows, n, torch.bfloat16, dev)
+    inputs = {k: s[k] for k in spec.grad_inputs}
+    fn = spec.providers[provider](n, torch.bfloat16, dev)
+    with torch.no_grad():
+        for _ in range(calls):
+            fn(**inputs)
+    torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
