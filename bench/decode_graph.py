@@ -7,7 +7,7 @@ beyond it:
 - each kernel's time inside that replay (torch.profiler over replays);
 - the same for a graph of a one-element fill, the floor a node costs.
 
-    python bench/decode_graph.py [--calls 100] [--label NAME]
+    python bench/decode_graph.py [--calls 100] [--label NAME] [--ops ...] [--providers ...]
 
 Run from the repository root with the library built. OPSMITH_NORM_LATENCY_PACKS
 (csrc/cuda/norm_plan.cuh) picks the packs a thread of the norms' plan for a
@@ -78,6 +78,8 @@ def main():
     ap.add_argument("--calls", type=int, default=100)
     ap.add_argument("--label", default=os.environ.get("OPSMITH_NORM_LATENCY_PACKS", "default"))
     ap.add_argument("--opsmith-only", action="store_true")
+    ap.add_argument("--ops", nargs="*", default=list(PROVIDERS))
+    ap.add_argument("--providers", nargs="*", default=None, help="default: each op's list")
     args = ap.parse_args()
     dev = torch.device("cuda")
     out = os.environ.get("OUT")
@@ -94,7 +96,8 @@ def main():
     per, k = kernels_us(g, args.calls)
     emit({"op": "floor", "provider": "fill_ one element", "us_call": round(replay_us(g, args.calls), 3),
           "kernel_us_call": round(k, 3), "kernels": per})
-    for op, providers in PROVIDERS.items():
+    for op in args.ops:
+        providers = [p for p in PROVIDERS[op] if args.providers is None or p in args.providers]
         spec = OPS[op].bench
         for rows, n in SHAPES:
             s = spec.make_inputs(rows, n, torch.bfloat16, dev)
