@@ -268,11 +268,20 @@ layer_norm_fwd_resident_kernel(int64_t rows, int64_t n, const T *__restrict__ x,
             if (i < steps) f(it, i);
         }
     };
+    /* the loads-only loop: no branch a pack, past the row's end the first
+     * pack again (as load_my_packs) */
+    auto load_packs = [&](auto f) {
+#pragma unroll
+        for (int it = 0; it < ITERS; it++) {
+            const int64_t i = g.t + (int64_t)it * g.threads;
+            f(it, i < steps ? i : (int64_t)0);
+        }
+    };
     for (int64_t r = g.first_row(); r < rows; r += g.row_step()) {
         const T *xr = x + r * xs;
         Pack<T> xp[ITERS];
         A wv[kParamsEarly ? ITERS : 1][S], bv[kParamsEarly ? ITERS : 1][S];
-        packs([&](int it, int64_t i) {
+        load_packs([&](int it, int64_t i) {
             xp[it] = load_pack(xr + i * S);
             if constexpr (kParamsEarly) {
                 if (w) load_param<W, A, S, true>(w + i * S, wv[it]);
@@ -384,7 +393,7 @@ __device__ __forceinline__ void bwd_resident_rows(int64_t first, int64_t stride,
         const T *xr = x + r * xs, *dyr = dy + r * dys;
         Pack<T> xp[ITERS], dp[ITERS];
         const A mu = mean[r], rs = rstd[r];
-        for_my_packs<ITERS>(steps, [&](int it, int64_t i) {
+        load_my_packs<ITERS>(steps, [&](int it, int64_t i) {
             xp[it] = load_pack(xr + i * S);
             dp[it] = load_pack(dyr + i * S);
         });

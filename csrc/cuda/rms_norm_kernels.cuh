@@ -231,11 +231,10 @@ rms_norm_fwd_resident_kernel(int64_t rows, int64_t n, const T *__restrict__ x, i
          * of memory latency, not two; with many it would cost the registers
          * that keep more of x in flight, and it is an L1 hit later anyway */
         constexpr bool kWeightEarly = ITERS <= 2;
-        /* this loop only loads: each pack's load sits behind its own
-         * `i < steps` test, and math on a loaded pack inside that branch
-         * would wait for it before the next pack's load is issued (the
-         * residual's add did: four round trips a row at 4 packs a thread) */
-        for_my_packs<ITERS>(steps, [&](int it, int64_t i) {
+        /* this loop only loads, with no branch a pack (load_my_packs): math
+         * on a loaded pack before the next pack's load is issued waits for
+         * it (the residual's add did: four round trips a row at 4 packs) */
+        load_my_packs<ITERS>(steps, [&](int it, int64_t i) {
             xp[it] = load_pack(xr + i * S);
             if constexpr (ADD) rp[it] = load_pack(add.r + r * add.rs + i * S);
             if (kWeightEarly && w) wp[it] = load_elems<W, S>(w + i * S);
@@ -369,7 +368,7 @@ __device__ __forceinline__ void bwd_resident_rows(int64_t first, int64_t step, i
         constexpr bool kDhEarly = DH && ITERS <= 4;
         Pack<T> hp[kDhEarly ? ITERS : 1];
         const A inv = inv_rms[r];
-        for_my_packs<ITERS>(steps, [&](int it, int64_t i) {
+        load_my_packs<ITERS>(steps, [&](int it, int64_t i) {
             xp[it] = load_pack(xr + i * S);
             dp[it] = load_elems<Y, S>(dyr + i * S);
             if constexpr (kDhEarly) hp[it] = load_pack(dhin.dh + r * dhin.dhs + i * S);
