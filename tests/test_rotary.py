@@ -93,6 +93,32 @@ def test_matches_hf_apply_rotary_pos_emb(device, dtype, unsqueeze_dim):
     close(g[1], r[1], dtype, "dk")
 
 
+@pytest.mark.parametrize("unsqueeze_dim", [1, 2])
+def test_pybind_apply_rotary_pos_emb_same_bits_as_route_b(device, unsqueeze_dim):
+    # route A's Hugging Face signature: the same outputs, gradients and
+    # promotion (float32 cos beside bfloat16 q) as route B's
+    gen = torch.Generator().manual_seed(3)
+    b, s, hq, hk, d = 2, 5, 4, 2, 32
+    shape_q = (b, hq, s, d) if unsqueeze_dim == 1 else (b, s, hq, d)
+    shape_k = (b, hk, s, d) if unsqueeze_dim == 1 else (b, s, hk, d)
+    q0 = torch.randn(shape_q, generator=gen).to(device, torch.bfloat16)
+    k0 = torch.randn(shape_k, generator=gen).to(device, torch.bfloat16)
+    cos, sin = angles(b, s, d, device)
+    outs, grads = [], []
+    for fn in (opsmith.apply_rotary_pos_emb, opsmith.pybind.apply_rotary_pos_emb):
+        q, k = q0.clone().requires_grad_(), k0.clone().requires_grad_()
+        got = fn(q, k, cos.float(), sin.float(), unsqueeze_dim=unsqueeze_dim)
+        assert got[0].dtype == got[1].dtype == torch.float32
+        dq = torch.linspace(-1, 1, got[0].numel(), device=device).view_as(got[0])
+        dk = torch.linspace(1, -1, got[1].numel(), device=device).view_as(got[1])
+        outs.append(got)
+        grads.append(torch.autograd.grad(got, (q, k), (dq, dk)))
+    for a, b_ in zip(outs[0] + grads[0], outs[1] + grads[1]):
+        assert torch.equal(a, b_)
+    with pytest.raises(RuntimeError, match=r"^opsmith.pybind.apply_rotary_pos_emb: unsqueeze_dim must be 1"):
+        opsmith.pybind.apply_rotary_pos_emb(q0, k0, cos, sin, unsqueeze_dim=0)
+
+
 @requires_hf
 def test_hf_float32_cos_beside_bfloat16_q_promotes_like_hf():
     q, k = torch.randn(1, 2, 3, 8, dtype=torch.bfloat16), torch.randn(1, 1, 3, 8, dtype=torch.bfloat16)

@@ -108,8 +108,13 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, si
     2 for ``[B, S, H, D]``. position_ids is accepted and ignored, as in
     Hugging Face's. Returns what theirs returns, dtype included (float32 cos
     beside bfloat16 q promotes the result to float32)."""
+    return _pos_emb(_fwd, "apply_rotary_pos_emb", q, k, cos, sin, unsqueeze_dim)
+
+
+def _pos_emb(fwd, name, q, k, cos, sin, unsqueeze_dim):
+    """Hugging Face's apply_rotary_pos_emb through fwd (route B's op or route A's Function)."""
     if unsqueeze_dim not in (1, 2, -3, -2):
-        raise RuntimeError(f"apply_rotary_pos_emb: unsqueeze_dim must be 1 ([B, H, S, D]) or 2 ([B, S, H, D]), "
+        raise RuntimeError(f"{name}: unsqueeze_dim must be 1 ([B, H, S, D]) or 2 ([B, S, H, D]), "
                            f"got {unsqueeze_dim}")
     layout = "bhsd" if unsqueeze_dim in (1, -3) else "bshd"
     dtype = torch.promote_types(torch.promote_types(q.dtype, cos.dtype), k.dtype)
@@ -119,7 +124,7 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, si
         cos, sin = cos.to(dtype), sin.to(dtype)
     # q_proj(h).view(B, S, H, D).transpose(1, 2), as Hugging Face builds q
     # and k: the outputs keep that order, as its elementwise rotation does
-    return _rotate(_fwd, q, k, cos, sin, None, False, None, layout)
+    return _rotate(fwd, q, k, cos, sin, None, False, None, layout)
 
 
 # --- fake kernels ------------------------------------------------------------------
@@ -231,6 +236,16 @@ def apply_rotary_pybind(q, k, cos, sin, position_ids=None, *, interleaved=False,
     return _rotate(RotaryFunction.apply, q, k, cos, sin, position_ids, interleaved, rotary_dim, layout)
 
 
+def apply_rotary_pos_emb_pybind(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
+    """Route A twin of opsmith.apply_rotary_pos_emb
+    (opsmith.pybind.apply_rotary_pos_emb): same bits. First-order gradients
+    only; not under torch.func transforms."""
+    if torch._C._are_functorch_transforms_active():
+        raise RuntimeError("opsmith.pybind.apply_rotary_pos_emb: route A does not support torch.func transforms "
+                           "(grad, vjp, jvp, vmap); use opsmith.apply_rotary_pos_emb")
+    return _pos_emb(RotaryFunction.apply, "opsmith.pybind.apply_rotary_pos_emb", q, k, cos, sin, unsqueeze_dim)
+
+
 # --- cos/sin like Hugging Face's LlamaRotaryEmbedding ----------------------------------
 
 def _default_inv_freq(dim, base, device=None):
@@ -318,4 +333,5 @@ class RotaryEmbedding(torch.nn.Module):
 # --- what this op adds to opsmith, opsmith.nn and opsmith.pybind -------------------------
 FUNCTIONS = {"apply_rotary": apply_rotary, "apply_rotary_pos_emb": apply_rotary_pos_emb}
 MODULES = {"RotaryEmbedding": RotaryEmbedding}
-PYBIND = {"apply_rotary": apply_rotary_pybind, "RotaryFunction": RotaryFunction}
+PYBIND = {"apply_rotary": apply_rotary_pybind, "apply_rotary_pos_emb": apply_rotary_pos_emb_pybind,
+          "RotaryFunction": RotaryFunction}
