@@ -198,6 +198,38 @@ template <typename U, int N> __device__ __forceinline__ Elems<U, N> load_elems(c
     return out;
 }
 
+/* Read-only loads the compiler keeps where they are written (asm
+ * volatile), for the loads-only loops of the row kernels (load_my_packs):
+ * as plain loads, each was sunk into the branch that first used it, after
+ * the previous pack's math, so a thread waited a memory round trip a pack. */
+__device__ __forceinline__ uint4 ldg16_here(const void *p) {
+    uint4 v;
+    asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ uint2 ldg8_here(const void *p) {
+    uint2 v;
+    asm volatile("ld.global.nc.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    return v;
+}
+
+template <typename T> __device__ __forceinline__ Pack<T> load_pack_here(const T *p) {
+    Pack<T> out;
+    *reinterpret_cast<uint4 *>(&out) = ldg16_here(p);
+    return out;
+}
+
+template <typename U, int N> __device__ __forceinline__ Elems<U, N> load_elems_here(const U *p) {
+    Elems<U, N> out;
+#pragma unroll
+    for (int k = 0; k < (int)(N * sizeof(U) / 16); k++)
+        reinterpret_cast<uint4 *>(&out)[k] = ldg16_here(reinterpret_cast<const uint4 *>(p) + k);
+    return out;
+}
+
 template <typename U, int N> __device__ __forceinline__ void store_elems(U *p, const Elems<U, N> &v) {
     constexpr int per = (int)(16 / sizeof(U));
 #pragma unroll
@@ -241,6 +273,22 @@ template <typename A> __device__ __forceinline__ A block_sum(A v, A *scratch) {
     if (lane == 0) scratch[warp] = v;
     __syncthreads();
     v = lane < warps ? scratch[lane] : A(0);
+    return warp_sum(v);
+}
+
+/* block_sum without the leading barrier, for a row loop that alternates
+ * two 32-value halves of scratch between calls: a call's writes to a half
+ * come after every thread's reads of it two calls before, which precede
+ * the middle barrier of the call between. Without a barrier ahead of the
+ * sum, the compiler keeps the row's loads ahead of the first barrier (it
+ * had moved block_sum's leading one above them). */
+template <typename A> __device__ __forceinline__ A block_sum_alternating(A v, A *half) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int warps = (blockDim.x + 31) >> 5;
+    v = warp_sum(v);
+    if (lane == 0) half[warp] = v;
+    __syncthreads();
+    v = lane < warps ? half[lane] : A(0);
     return warp_sum(v);
 }
 

@@ -41,8 +41,9 @@ namespace {
 
 /* S consecutive elements of W at p (S-aligned) as A: with 16-byte (or
  * 8-byte) loads when PACKED, one element at a time otherwise. A float
- * weight beside 16-bit x spans two packs per x pack. */
-template <typename W, typename A, int S, bool PACKED>
+ * weight beside 16-bit x spans two packs per x pack. HERE: the loads stay
+ * where the call is (ldg16_here), for the loads-only loops. */
+template <typename W, typename A, int S, bool PACKED, bool HERE = false>
 __device__ __forceinline__ void load_param(const W *p, A (&out)[S]) {
     constexpr int BYTES = S * (int)sizeof(W);
     if constexpr (PACKED && BYTES % 16 == 0) {
@@ -50,12 +51,12 @@ __device__ __forceinline__ void load_param(const W *p, A (&out)[S]) {
 #pragma unroll
         for (int q = 0; q < S / V; q++) {
             A part[V];
-            unpack(load_pack(p + q * V), part);
+            unpack(HERE ? load_pack_here(p + q * V) : load_pack(p + q * V), part);
 #pragma unroll
             for (int k = 0; k < V; k++) out[q * V + k] = part[k];
         }
     } else if constexpr (PACKED && BYTES == 8) {
-        const uint2 u = __ldg(reinterpret_cast<const uint2 *>(p));
+        const uint2 u = HERE ? ldg8_here(p) : __ldg(reinterpret_cast<const uint2 *>(p));
         const W *v = reinterpret_cast<const W *>(&u);
 #pragma unroll
         for (int k = 0; k < S; k++) out[k] = (A)to_acc(v[k]);
@@ -65,13 +66,16 @@ __device__ __forceinline__ void load_param(const W *p, A (&out)[S]) {
     }
 }
 
-/* Two sums over the block in one round of barriers; scratch holds 64. */
-template <typename A> __device__ __forceinline__ void block_sum2(A &a, A &b, A *scratch) {
+/* Two sums over the block in one round of barriers; scratch holds 64.
+ * LEAD: with the barrier that makes a second call on the same scratch
+ * safe; without it, a block's consecutive calls alternate two scratch
+ * buffers (as block_sum_alternating). */
+template <typename A, bool LEAD = true> __device__ __forceinline__ void block_sum2(A &a, A &b, A *scratch) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int warps = (blockDim.x + 31) >> 5;
     a = warp_sum(a);
     b = warp_sum(b);
-    __syncthreads();
+    if constexpr (LEAD) __syncthreads();
     if (lane == 0) scratch[warp] = a, scratch[32 + warp] = b;
     __syncthreads();
     a = warp_sum(lane < warps ? scratch[lane] : A(0));
@@ -203,7 +207,8 @@ __global__ void layer_norm_bwd_kernel(int64_t rows, int64_t n, const T *__restri
  * moments at every butterfly step (three shuffles and a division a step)
  * doubled it. sum is the thread's sum of its
  * elements; sq(mean) its sum of squared deviations from mean; c_w the
- * warp's element count (the same in every lane). scratch holds 96. */
+ * warp's element count (the same in every lane). scratch holds 96, and a
+ * block's consecutive calls alternate two such buffers. */
 template <bool WARP_ROWS, typename A, typename SQ>
 __device__ __forceinline__ void row_moments(A sum, SQ sq, A c_w, A n, A *scratch, A &mean, A &m2) {
     const A s_w = warp_sum(sum);
@@ -215,7 +220,8 @@ __device__ __forceinline__ void row_moments(A sum, SQ sq, A c_w, A n, A *scratch
     } else {
         const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
         const int warps = (blockDim.x + 31) >> 5;
-        __syncthreads(); /* the previous row's reads of scratch are done */
+        /* no barrier ahead: the caller alternates two scratch buffers
+         * between rows (as block_sum_alternating) */
         if (lane == 0) scratch[warp] = c_w, scratch[32 + warp] = mean_w, scratch[64 + warp] = m2_w;
         __syncthreads();
         /* every warp merges the warps' moments with lane v holding warp v's:
@@ -256,8 +262,11 @@ layer_norm_fwd_resident_kernel(int64_t rows, int64_t n, const T *__restrict__ x,
                                const W *__restrict__ w, const W *__restrict__ b, A eps, T *__restrict__ y,
                                int64_t ys, A *__restrict__ mean, A *__restrict__ rstd) {
     constexpr int S = Pack<T>::VEC;
+    /* a short batch's plan loads the weight and bias once, before the rows,
+     * so they are in flight with the first row's x (in the row loop, the
+     * compiler issued them after the reduction had begun) */
     constexpr bool kParamsEarly = ITERS <= 2 && !WARP_ROWS;
-    __shared__ A scratch[96];
+    __shared__ A scratch[2][96]; /* row_moments' alternating halves */
     const RowGroup<WARP_ROWS> g;
     const int64_t steps = n / S;
     /* f(it, i) for each of the thread's packs i = t + it * threads inside the row */
@@ -277,36 +286,43 @@ layer_norm_fwd_resident_kernel(int64_t rows, int64_t n, const T *__restrict__ x,
             f(it, i < steps ? i : (int64_t)0);
         }
     };
-    for (int64_t r = g.first_row(); r < rows; r += g.row_step()) {
+    A wv[kParamsEarly ? ITERS : 1][S], bv[kParamsEarly ? ITERS : 1][S];
+    if constexpr (kParamsEarly) {
+        load_packs([&](int it, int64_t i) {
+            if (w) load_param<W, A, S, true, true>(w + i * S, wv[it]);
+            if (b) load_param<W, A, S, true, true>(b + i * S, bv[it]);
+        });
+    }
+    /* whether the thread's pack it is inside the row (the sums below take
+     * no branch a pack: behind one, a pack's load was issued only after the
+     * previous pack's sum had waited for its own) */
+    auto mine = [&](int it) { return g.t + (int64_t)it * g.threads < steps; };
+    int half = 0;
+    for (int64_t r = g.first_row(); r < rows; r += g.row_step(), half ^= 1) {
         const T *xr = x + r * xs;
         Pack<T> xp[ITERS];
-        A wv[kParamsEarly ? ITERS : 1][S], bv[kParamsEarly ? ITERS : 1][S];
-        load_packs([&](int it, int64_t i) {
-            xp[it] = load_pack(xr + i * S);
-            if constexpr (kParamsEarly) {
-                if (w) load_param<W, A, S, true>(w + i * S, wv[it]);
-                if (b) load_param<W, A, S, true>(b + i * S, bv[it]);
-            }
-        });
+        load_packs([&](int it, int64_t i) { xp[it] = load_pack_here(xr + i * S); });
         A sum = 0;
-        packs([&](int it, int64_t) {
 #pragma unroll
-            for (int k = 0; k < S; k++) sum += to_acc(xp[it].v[k]);
-        });
+        for (int it = 0; it < ITERS; it++) {
+#pragma unroll
+            for (int k = 0; k < S; k++) sum += mine(it) ? (A)to_acc(xp[it].v[k]) : A(0);
+        }
         auto sq = [&](A mu_w) {
             A q = 0;
-            packs([&](int it, int64_t) {
+#pragma unroll
+            for (int it = 0; it < ITERS; it++) {
 #pragma unroll
                 for (int k = 0; k < S; k++) {
                     const A d = to_acc(xp[it].v[k]) - mu_w;
-                    q += d * d;
+                    q += mine(it) ? d * d : A(0);
                 }
-            });
+            }
             return q;
         };
         const A c_w = (A)warp_elements<ITERS, S>(steps, g.threads, WARP_ROWS ? 0 : (int)(threadIdx.x >> 5));
         A mu, m2;
-        row_moments<WARP_ROWS>(sum, sq, c_w, (A)n, scratch, mu, m2);
+        row_moments<WARP_ROWS>(sum, sq, c_w, (A)n, scratch[half], mu, m2);
         const A rs = rsqrt_acc(m2 / (A)n + eps);
         if (g.t == 0) mean[r] = mu, rstd[r] = rs;
         packs([&](int it, int64_t i) {
@@ -379,7 +395,11 @@ layer_norm_fwd_ring_kernel(int64_t rows, int64_t n, const T *x, int64_t xs, cons
 }
 
 /* Rows first, first + stride, ... of the resident backward: dx, and with
- * dw_sum (shared memory, 2n values) each column's dweight and dbias sums. */
+ * dw_sum (shared memory, 2n values) each column's dweight and dbias sums.
+ * scratch holds 128 (block_sum2's two alternating buffers). With few packs
+ * a thread the weight is loaded once, before the rows, and the sums take
+ * no branch a pack, so a short batch's row waits on memory once (the
+ * weight's loads in the sum loop were a second round trip a row). */
 template <typename T, typename W, typename A, int ITERS>
 __device__ __forceinline__ void bwd_resident_rows(int64_t first, int64_t stride, int64_t rows, int64_t n,
                                                   const T *__restrict__ dy, int64_t dys, const T *__restrict__ x,
@@ -389,32 +409,52 @@ __device__ __forceinline__ void bwd_resident_rows(int64_t first, int64_t stride,
     constexpr int S = Pack<T>::VEC;
     const int64_t steps = n / S;
     A *const db_sum = dw_sum ? dw_sum + n : nullptr;
-    for (int64_t r = first; r < rows; r += stride) {
+    constexpr bool kWeightEarly = ITERS <= 2;
+    A we[kWeightEarly ? ITERS : 1][S];
+    if (kWeightEarly && w)
+        load_my_packs<ITERS>(steps, [&](int it, int64_t i) { load_param<W, A, S, true, true>(w + i * S, we[it]); });
+    int half = 0;
+    for (int64_t r = first; r < rows; r += stride, half ^= 1) {
         const T *xr = x + r * xs, *dyr = dy + r * dys;
         Pack<T> xp[ITERS], dp[ITERS];
         const A mu = mean[r], rs = rstd[r];
         load_my_packs<ITERS>(steps, [&](int it, int64_t i) {
-            xp[it] = load_pack(xr + i * S);
-            dp[it] = load_pack(dyr + i * S);
+            xp[it] = load_pack_here(xr + i * S);
+            dp[it] = load_pack_here(dyr + i * S);
         });
         A sg = 0, sgx = 0;
-        for_my_packs<ITERS>(steps, [&](int it, int64_t i) {
-            A wv[S];
-            if (w) load_param<W, A, S, true>(w + i * S, wv);
+        auto add = [&](int it, const A (&wv)[S], bool mine) {
 #pragma unroll
             for (int k = 0; k < S; k++) {
                 const A gk = w ? to_acc(dp[it].v[k]) * wv[k] : (A)to_acc(dp[it].v[k]);
-                sg += gk;
-                sgx += gk * (to_acc(xp[it].v[k]) - mu);
+                sg += mine ? gk : A(0);
+                sgx += mine ? gk * (to_acc(xp[it].v[k]) - mu) : A(0);
             }
-        });
-        block_sum2(sg, sgx, scratch);
+        };
+        if constexpr (kWeightEarly) {
+#pragma unroll
+            for (int it = 0; it < ITERS; it++) add(it, we[it], threadIdx.x + (int64_t)it * blockDim.x < steps);
+        } else {
+            /* many packs a thread: the weight loaded here, behind each
+             * pack's branch, as before the short batch's plan changed */
+            for_my_packs<ITERS>(steps, [&](int it, int64_t i) {
+                A wv[S];
+                if (w) load_param<W, A, S, true>(w + i * S, wv);
+                add(it, wv, true);
+            });
+        }
+        block_sum2<A, false>(sg, sgx, scratch + 64 * half);
         const A mg = sg / (A)n, mgx = sgx * rs / (A)n;
         for_my_packs<ITERS>(steps, [&](int it, int64_t i) {
             opaque(xp[it]);
             opaque(dp[it]);
             A wv[S];
-            if (w) load_param<W, A, S, true>(w + i * S, wv);
+            if (kWeightEarly && w) {
+#pragma unroll
+                for (int k = 0; k < S; k++) wv[k] = we[it][k];
+            } else if (w) {
+                load_param<W, A, S, true>(w + i * S, wv);
+            }
             Pack<T> out;
 #pragma unroll
             for (int k = 0; k < S; k++) {
@@ -443,7 +483,7 @@ layer_norm_bwd_resident_kernel(int64_t rows, int64_t n, const T *__restrict__ dy
     extern __shared__ __align__(16) unsigned char dynamic_smem[];
     A *const dw_sum = partial ? reinterpret_cast<A *>(dynamic_smem) : nullptr;
     A *const db_sum = dw_sum ? dw_sum + n : nullptr;
-    __shared__ A scratch[64];
+    __shared__ A scratch[128];
     const int64_t steps = n / S;
     if (partial)
         for_my_packs<ITERS>(steps, [&](int, int64_t i) {
@@ -493,7 +533,7 @@ layer_norm_bwd_split_kernel(int64_t rows, int64_t n, const T *__restrict__ dy, i
                             const A *__restrict__ mean, const A *__restrict__ rstd, T *__restrict__ dx, int64_t dxs,
                             W *__restrict__ dw, W *__restrict__ db) {
     constexpr int S = Pack<T>::VEC;
-    __shared__ A scratch[64];
+    __shared__ A scratch[128];
     if ((int64_t)blockIdx.x < rows) {
         bwd_resident_rows<T, W, A, ITERS>(blockIdx.x, rows, rows, n, dy, dys, x, xs, w, mean, rstd, dx, dxs,
                                           nullptr, scratch);

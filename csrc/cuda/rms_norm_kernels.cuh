@@ -218,57 +218,76 @@ rms_norm_fwd_resident_kernel(int64_t rows, int64_t n, const T *__restrict__ x, i
                              const W *__restrict__ w, Opts<A> o, A eps, Y *__restrict__ y, int64_t ys,
                              A *__restrict__ inv_rms, AddIn<T> add) {
     constexpr int S = Pack<T>::VEC;
-    __shared__ A scratch[32];
+    /* with few packs a thread (the plan for a short batch) the weight is
+     * loaded once, before the rows, with no predicate (HW: the row loop
+     * twice, with and without a weight), so it is in flight with the first
+     * row's x and the row waits on memory once: loaded in the row loop, the
+     * compiler issued it after the reduction's first shuffles. With many
+     * packs it would cost the registers that keep more of x in flight, and
+     * it is an L1 hit later anyway. */
+    constexpr bool kWeightEarly = ITERS <= 2;
+    __shared__ A scratch[2][32]; /* block_sum_alternating's halves */
     const int64_t steps = n / S;
-    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-        const T *xr = x + r * xs;
-        Pack<T> xp[ITERS];
-        Pack<T> rp[ADD ? ITERS : 1]; /* the residual's packs */
+    auto row_loop = [&](auto has_w) {
+        constexpr bool HW = decltype(has_w)::value;
         Elems<W, S> wp[ITERS];
-        A sum_sq = 0;
-        /* with few packs a thread (the plan for a short batch), the weight is
-         * loaded with x, before the reduction, so the row waits for one round
-         * of memory latency, not two; with many it would cost the registers
-         * that keep more of x in flight, and it is an L1 hit later anyway */
-        constexpr bool kWeightEarly = ITERS <= 2;
-        /* this loop only loads, with no branch a pack (load_my_packs): math
-         * on a loaded pack before the next pack's load is issued waits for
-         * it (the residual's add did: four round trips a row at 4 packs) */
-        load_my_packs<ITERS>(steps, [&](int it, int64_t i) {
-            xp[it] = load_pack(xr + i * S);
-            if constexpr (ADD) rp[it] = load_pack(add.r + r * add.rs + i * S);
-            if (kWeightEarly && w) wp[it] = load_elems<W, S>(w + i * S);
-        });
-        for_my_packs<ITERS>(steps, [&](int it, int64_t i) {
-            if constexpr (ADD) {
-                /* h = x + r rounded to T takes x's registers */
+        if constexpr (HW && kWeightEarly)
+            load_my_packs<ITERS>(steps, [&](int it, int64_t i) { wp[it] = load_elems_here<W, S>(w + i * S); });
+        int half = 0;
+        for (int64_t r = blockIdx.x; r < rows; r += gridDim.x, half ^= 1) {
+            const T *xr = x + r * xs;
+            Pack<T> xp[ITERS];
+            Pack<T> rp[ADD ? ITERS : 1]; /* the residual's packs */
+            (void)rp;
+            /* this loop only loads, with no branch a pack (load_my_packs):
+             * math on a loaded pack before the next pack's load is issued
+             * waits for it (the residual's add did: four round trips a row
+             * at 4 packs a thread) */
+            load_my_packs<ITERS>(steps, [&](int it, int64_t i) {
+                xp[it] = load_pack_here(xr + i * S);
+                if constexpr (ADD) rp[it] = load_pack_here(add.r + r * add.rs + i * S);
+            });
+            /* the sum with no branch a pack either (a pack past the row's end
+             * counts zero): behind one, a pack's load was issued after the
+             * previous pack's sum had waited for its own */
+            A sum_sq = 0;
 #pragma unroll
-                for (int k = 0; k < S; k++) xp[it].v[k] = from_acc<T>(to_acc(xp[it].v[k]) + to_acc(rp[it].v[k]));
-                store_pack(add.h + r * add.hs + i * S, xp[it]);
-            } else {
-                (void)i;
-            }
+            for (int it = 0; it < ITERS; it++) {
+                const int64_t i = threadIdx.x + (int64_t)it * blockDim.x;
+                const bool mine = i < steps;
+                if constexpr (ADD) {
+                    /* h = x + r rounded to T takes x's registers */
 #pragma unroll
-            for (int k = 0; k < S; k++) {
-                const A v = to_acc(xp[it].v[k]);
-                sum_sq += v * v;
-            }
-        });
-        sum_sq = block_sum(sum_sq, scratch);
-        const A inv = rsqrt_acc(sum_sq / (A)n + eps);
-        if (threadIdx.x == 0) inv_rms[r] = inv;
-        for_my_packs<ITERS>(steps, [&](int it, int64_t i) {
-            opaque(xp[it]);
-            if (!kWeightEarly && w) wp[it] = load_elems<W, S>(w + i * S);
-            Elems<Y, S> out;
+                    for (int k = 0; k < S; k++)
+                        xp[it].v[k] = from_acc<T>(to_acc(xp[it].v[k]) + to_acc(rp[it].v[k]));
+                    if (mine) store_pack(add.h + r * add.hs + i * S, xp[it]);
+                }
 #pragma unroll
-            for (int k = 0; k < S; k++) {
-                const A v = x_hat<T>(to_acc(xp[it].v[k]), inv, o);
-                out.v[k] = from_acc<Y>(w ? v * (o.offset + to_acc(wp[it].v[k])) : v);
+                for (int k = 0; k < S; k++) {
+                    const A v = to_acc(xp[it].v[k]);
+                    sum_sq += mine ? v * v : A(0);
+                }
             }
-            store_elems<Y, S>(y + r * ys + i * S, out);
-        });
-    }
+            sum_sq = block_sum_alternating(sum_sq, scratch[half]);
+            const A inv = rsqrt_acc(sum_sq / (A)n + eps);
+            if (threadIdx.x == 0) inv_rms[r] = inv;
+            for_my_packs<ITERS>(steps, [&](int it, int64_t i) {
+                opaque(xp[it]);
+                Elems<W, S> wv;
+                if constexpr (HW) wv = kWeightEarly ? wp[it] : load_elems<W, S>(w + i * S);
+                Elems<Y, S> out;
+#pragma unroll
+                for (int k = 0; k < S; k++) {
+                    const A v = x_hat<T>(to_acc(xp[it].v[k]), inv, o);
+                    if constexpr (HW) out.v[k] = from_acc<Y>(v * (o.offset + to_acc(wv.v[k])));
+                    else out.v[k] = from_acc<Y>(v);
+                }
+                store_elems<Y, S>(y + r * ys + i * S, out);
+            });
+        }
+    };
+    if (w) row_loop(std::true_type{});
+    else row_loop(std::false_type{});
 }
 
 /* The ring forward (see the file's head). ADD: x's and the residual's
@@ -347,46 +366,66 @@ __device__ __forceinline__ void bwd_resident_rows(int64_t first, int64_t step, i
     constexpr int S = Pack<T>::VEC;
     extern __shared__ __align__(16) unsigned char dynamic_smem[];
     A *const dw_sum = reinterpret_cast<A *>(dynamic_smem);
-    __shared__ A scratch[32];
+    __shared__ A scratch[2][32]; /* block_sum_alternating's halves */
     const int64_t steps = n / S;
+    /* with few packs a thread the weight is loaded once, before the rows
+     * (and inv_rms with each row), so a short batch waits on memory once */
+    constexpr bool kWeightEarly = ITERS <= 2;
+    Elems<W, S> wp[ITERS];
+    if (kWeightEarly && w)
+        load_my_packs<ITERS>(steps, [&](int it, int64_t i) { wp[it] = load_elems_here<W, S>(w + i * S); });
     if (partial)
         for_my_packs<ITERS>(steps, [&](int, int64_t i) {
 #pragma unroll
             for (int k = 0; k < S; k++) dw_sum[k * steps + i] = 0;
         });
-    for (int64_t r = first; r < rows; r += step) {
+    int half = 0;
+    for (int64_t r = first; r < rows; r += step, half ^= 1) {
         const T *xr = x + r * xs;
         const Y *dyr = dy + r * dys;
         Pack<T> xp[ITERS];
         Elems<Y, S> dp[ITERS];
-        Elems<W, S> wp[ITERS];
-        /* as in the forward: inv_rms, and the weight when few packs a thread,
-         * are loaded with the row, so a short batch waits on memory once */
-        constexpr bool kWeightEarly = ITERS <= 2;
         /* dh with the row while that costs few registers (a short batch's
          * plans); with 8 packs a thread, in the write pass */
         constexpr bool kDhEarly = DH && ITERS <= 4;
         Pack<T> hp[kDhEarly ? ITERS : 1];
         const A inv = inv_rms[r];
         load_my_packs<ITERS>(steps, [&](int it, int64_t i) {
-            xp[it] = load_pack(xr + i * S);
-            dp[it] = load_elems<Y, S>(dyr + i * S);
-            if constexpr (kDhEarly) hp[it] = load_pack(dhin.dh + r * dhin.dhs + i * S);
-            if (kWeightEarly && w) wp[it] = load_elems<W, S>(w + i * S);
+            xp[it] = load_pack_here(xr + i * S);
+            dp[it] = load_elems_here<Y, S>(dyr + i * S);
+            if constexpr (kDhEarly) hp[it] = load_pack_here(dhin.dh + r * dhin.dhs + i * S);
         });
+        /* with few packs a thread, no branch a pack in the sum either (a
+         * pack past the row's end counts zero): behind one, a pack's load
+         * was issued after the previous pack's sum had waited for its own */
         A dot = 0;
-        for_my_packs<ITERS>(steps, [&](int it, int64_t i) {
-            if (w) {
-                const Elems<W, S> wv = kWeightEarly ? wp[it] : load_elems<W, S>(w + i * S);
+        if constexpr (kWeightEarly) {
 #pragma unroll
-                for (int k = 0; k < S; k++)
-                    dot += to_acc(dp[it].v[k]) * (o.offset + to_acc(wv.v[k])) * to_acc(xp[it].v[k]);
-            } else {
+            for (int it = 0; it < ITERS; it++) {
+                const bool mine = threadIdx.x + (int64_t)it * blockDim.x < steps;
 #pragma unroll
-                for (int k = 0; k < S; k++) dot += to_acc(dp[it].v[k]) * to_acc(xp[it].v[k]);
+                for (int k = 0; k < S; k++) {
+                    const A g = w ? to_acc(dp[it].v[k]) * (o.offset + to_acc(wp[it].v[k])) : to_acc(dp[it].v[k]);
+                    dot += mine ? g * to_acc(xp[it].v[k]) : A(0);
+                }
             }
-        });
-        dot = block_sum(dot, scratch);
+        } else {
+            /* many packs a thread: the weight loaded here, behind each pack's
+             * branch (branchless, its loads were all hoisted: 64 -> 128
+             * registers at 4 packs) */
+            for_my_packs<ITERS>(steps, [&](int it, int64_t i) {
+                if (w) {
+                    const Elems<W, S> wv = load_elems<W, S>(w + i * S);
+#pragma unroll
+                    for (int k = 0; k < S; k++)
+                        dot += to_acc(dp[it].v[k]) * (o.offset + to_acc(wv.v[k])) * to_acc(xp[it].v[k]);
+                } else {
+#pragma unroll
+                    for (int k = 0; k < S; k++) dot += to_acc(dp[it].v[k]) * to_acc(xp[it].v[k]);
+                }
+            });
+        }
+        dot = block_sum_alternating(dot, scratch[half]);
         const A scale = inv * inv * inv * dot / (A)n;
         for_my_packs<ITERS>(steps, [&](int it, int64_t i) {
             opaque(xp[it]);

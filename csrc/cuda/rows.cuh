@@ -155,7 +155,9 @@ template <int ITERS, typename F> __device__ __forceinline__ void for_my_packs(in
  * compiler moved a pack's byte shuffles (a bfloat16 weight's) into the
  * branch, so the thread waited for that pack's load before it issued the
  * next one: a memory round trip a pack (RMSNorm 1 x 8192 bf16, 2 packs a
- * thread: 2.27 us of kernel against Liger's 1.86, H100). */
+ * thread: 2.27 us of kernel against Liger's 1.86, H100). The loads in f
+ * are the *_here ones (common.cuh), which the compiler cannot sink into the
+ * later loops' branches either. */
 template <int ITERS, typename F> __device__ __forceinline__ void load_my_packs(int64_t steps, F f) {
 #pragma unroll
     for (int it = 0; it < ITERS; it++) {
