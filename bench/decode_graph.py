@@ -23,28 +23,12 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, os.getcwd())
-from opsmith.bench import OPS  # noqa: E402
+from opsmith.bench import OPS, capture_graph  # noqa: E402
 
 SHAPES = [(1, 4096), (16, 4096), (64, 4096), (1, 8192), (16, 8192)]
 PROVIDERS = {"rms_norm": ["opsmith", "torch_compile_F", "torch_compile_hf_llama", "liger"],
              "layer_norm": ["opsmith", "torch_compile_F", "liger"],
              "fused_add_rms_norm": ["opsmith", "torch_compile", "liger"]}
-
-
-def graph_of(step, calls):
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            step()
-    g.replay()
-    torch.cuda.synchronize()
-    return g
 
 
 def replay_us(g, calls, reps=50):
@@ -92,7 +76,7 @@ def main():
             sink.write(json.dumps(row) + "\n")
 
     one = torch.zeros(1, device=dev)
-    g = graph_of(lambda: one.fill_(1.0), args.calls)
+    g = capture_graph(lambda: one.fill_(1.0), args.calls)
     per, k = kernels_us(g, args.calls)
     emit({"op": "floor", "provider": "fill_ one element", "us_call": round(replay_us(g, args.calls), 3),
           "kernel_us_call": round(k, 3), "kernels": per})
@@ -107,7 +91,7 @@ def main():
                     fn = spec.providers[prov](n, torch.bfloat16, dev)
                     with torch.no_grad():
                         fn(**inputs)
-                        g = graph_of(lambda: fn(**inputs), args.calls)
+                        g = capture_graph(lambda: fn(**inputs), args.calls)
                         us = replay_us(g, args.calls)
                         per, k = kernels_us(g, args.calls)
                 except Exception as e:  # a provider that cannot run here is reported, not fatal

@@ -119,7 +119,9 @@ def _waits_on_host(step) -> bool:
         torch.cuda.synchronize()
 
 
-def _graph_ms(step, calls: int = GRAPH_CALLS) -> float:
+def capture_graph(step, calls: int):
+    """A CUDA graph of `calls` calls of step (warmed up on a side stream
+    first), replayed once."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -132,7 +134,11 @@ def _graph_ms(step, calls: int = GRAPH_CALLS) -> float:
             step()
     graph.replay()
     torch.cuda.synchronize()
-    return _do_bench(graph.replay) / calls
+    return graph
+
+
+def _graph_ms(step, calls: int = GRAPH_CALLS) -> float:
+    return _do_bench(capture_graph(step, calls).replay) / calls
 
 
 def host_overhead_us(device, calls: int = 2000, ops: Optional[List[str]] = None):

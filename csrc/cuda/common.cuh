@@ -190,13 +190,6 @@ template <typename U, int N> struct alignas(16) Elems {
     U v[N];
 };
 
-template <typename U, int N> __device__ __forceinline__ Elems<U, N> load_elems(const U *p) {
-    Elems<U, N> out;
-#pragma unroll
-    for (int k = 0; k < (int)(N * sizeof(U) / 16); k++)
-        reinterpret_cast<uint4 *>(&out)[k] = __ldg(reinterpret_cast<const uint4 *>(p) + k);
-    return out;
-}
 
 /* Read-only loads the compiler keeps where they are written (asm
  * volatile), for the loads-only loops of the row kernels (load_my_packs):
@@ -222,11 +215,15 @@ template <typename T> __device__ __forceinline__ Pack<T> load_pack_here(const T 
     return out;
 }
 
-template <typename U, int N> __device__ __forceinline__ Elems<U, N> load_elems_here(const U *p) {
+/* HERE: with ldg16_here's loads, for the loads-only loops */
+template <typename U, int N, bool HERE = false> __device__ __forceinline__ Elems<U, N> load_elems(const U *p) {
     Elems<U, N> out;
 #pragma unroll
-    for (int k = 0; k < (int)(N * sizeof(U) / 16); k++)
-        reinterpret_cast<uint4 *>(&out)[k] = ldg16_here(reinterpret_cast<const uint4 *>(p) + k);
+    for (int k = 0; k < (int)(N * sizeof(U) / 16); k++) {
+        const uint4 *q = reinterpret_cast<const uint4 *>(p) + k;
+        if constexpr (HERE) reinterpret_cast<uint4 *>(&out)[k] = ldg16_here(q);
+        else reinterpret_cast<uint4 *>(&out)[k] = __ldg(q);
+    }
     return out;
 }
 

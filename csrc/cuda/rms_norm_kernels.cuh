@@ -232,7 +232,7 @@ rms_norm_fwd_resident_kernel(int64_t rows, int64_t n, const T *__restrict__ x, i
         constexpr bool HW = decltype(has_w)::value;
         Elems<W, S> wp[ITERS];
         if constexpr (HW && kWeightEarly)
-            load_my_packs<ITERS>(steps, [&](int it, int64_t i) { wp[it] = load_elems_here<W, S>(w + i * S); });
+            load_my_packs<ITERS>(steps, [&](int it, int64_t i) { wp[it] = load_elems<W, S, true>(w + i * S); });
         int half = 0;
         for (int64_t r = blockIdx.x; r < rows; r += gridDim.x, half ^= 1) {
             const T *xr = x + r * xs;
@@ -373,7 +373,7 @@ __device__ __forceinline__ void bwd_resident_rows(int64_t first, int64_t step, i
     constexpr bool kWeightEarly = ITERS <= 2;
     Elems<W, S> wp[ITERS];
     if (kWeightEarly && w)
-        load_my_packs<ITERS>(steps, [&](int it, int64_t i) { wp[it] = load_elems_here<W, S>(w + i * S); });
+        load_my_packs<ITERS>(steps, [&](int it, int64_t i) { wp[it] = load_elems<W, S, true>(w + i * S); });
     if (partial)
         for_my_packs<ITERS>(steps, [&](int, int64_t i) {
 #pragma unroll
@@ -392,7 +392,7 @@ __device__ __forceinline__ void bwd_resident_rows(int64_t first, int64_t step, i
         const A inv = inv_rms[r];
         load_my_packs<ITERS>(steps, [&](int it, int64_t i) {
             xp[it] = load_pack_here(xr + i * S);
-            dp[it] = load_elems_here<Y, S>(dyr + i * S);
+            dp[it] = load_elems<Y, S, true>(dyr + i * S);
             if constexpr (kDhEarly) hp[it] = load_pack_here(dhin.dh + r * dhin.dhs + i * S);
         });
         /* with few packs a thread, no branch a pack in the sum either (a
