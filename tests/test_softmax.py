@@ -79,6 +79,25 @@ def test_dims_dtype_and_layouts(device):
     assert_close(softmax(torch.tensor(2.0, device=device)), torch.tensor(1.0), torch.float32, "0-dim")
 
 
+def test_dim_none_is_torch_implicit_dim():
+    # torch.nn.Softmax() and F.softmax(x, None): the legacy implicit dim
+    # (0 for 0-, 1- and 3-d x, else 1) with a deprecation warning; so here
+    for shape in ((), (5,), (3, 5), (2, 3, 5), (2, 3, 4, 5)):
+        x = torch.randn(shape)
+        for ours, theirs in ((opsmith.nn.Softmax(None), torch.nn.Softmax(None)),
+                             (opsmith.nn.LogSoftmax(None), torch.nn.LogSoftmax(None))):
+            with pytest.warns(UserWarning, match="Implicit dimension choice"):
+                got = ours(x)
+            with pytest.warns(UserWarning, match="Implicit dimension choice"):
+                want = theirs(x)
+            assert_close(got, want.double(), torch.float32, f"{type(ours).__name__} {shape}")
+        with pytest.warns(UserWarning, match="Implicit dimension choice for softmax"):
+            got = softmax_pybind(x, None)
+        with pytest.warns(UserWarning):
+            want = torch.nn.functional.softmax(x, None)
+        assert_close(got, want.double(), torch.float32, f"pybind {shape}")
+
+
 def test_dim_out_of_range_is_an_index_error():
     # as torch: [-n, n - 1], a 0-d tensor counting as 1-d; never wrapped around
     for x, dim in ((torch.randn(3, 5), 2), (torch.randn(3, 5), -3), (torch.tensor(1.0), 1)):

@@ -4,6 +4,7 @@ autograd.Function, and the nn modules. The dispatcher imports this module for
 the fake kernels when the library is loaded on its own (m.set_python_module in
 csrc/torch). The kernels work over the last dim; another dim is moved there
 (a copy when it is not already last)."""
+import warnings
 from typing import Optional
 
 import torch
@@ -17,6 +18,13 @@ _softmax_bwd = torch.ops.opsmith.softmax_bwd.default
 
 
 def _run(fn, x, dim, dtype, log):
+    if dim is None:
+        # as torch.softmax(x, None) and torch.nn.Softmax(): the legacy
+        # implicit dim, with torch's deprecation warning
+        name = "log_softmax" if log else "softmax"
+        warnings.warn(f"Implicit dimension choice for {name} has been deprecated. "
+                      "Change the call to include dim=X as an argument.", stacklevel=3)
+        dim = 0 if x.dim() in (0, 1, 3) else 1
     # torch's range: [-n, n - 1], a 0-d tensor counting as 1-d
     n = max(x.dim(), 1)
     if not -n <= dim < n:
@@ -34,15 +42,16 @@ def _run(fn, x, dim, dtype, log):
 
 # --- route B: the functional API -------------------------------------------------
 
-def softmax(x: torch.Tensor, dim: int = -1, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+def softmax(x: torch.Tensor, dim: Optional[int] = -1, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
     """``torch.softmax(x, dim)``: float64, float32, float16 or bfloat16 (float32
     math for 16-bit), any shape, rows up to any width. Autograd in C++ (the
     backward uses the saved output); torch.func.grad, vjp and vmap; double
-    backward and forward-mode AD raise."""
+    backward and forward-mode AD raise. ``dim=None`` takes PyTorch's legacy
+    implicit dim (0 for 0-, 1- and 3-d x, else 1) with its deprecation warning."""
     return _run(_softmax_fwd, x, dim, dtype, False)
 
 
-def log_softmax(x: torch.Tensor, dim: int = -1, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+def log_softmax(x: torch.Tensor, dim: Optional[int] = -1, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
     """``torch.log_softmax(x, dim)``; as :func:`softmax`."""
     return _run(_softmax_fwd, x, dim, dtype, True)
 
@@ -109,12 +118,12 @@ def _pybind_call(x, dim, dtype, log):
     return _run(SoftmaxFunction.apply, x, dim, dtype, log)
 
 
-def softmax_pybind(x: torch.Tensor, dim: int = -1, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+def softmax_pybind(x: torch.Tensor, dim: Optional[int] = -1, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
     """Route A twin of opsmith.softmax (opsmith.pybind.softmax): same bits."""
     return _pybind_call(x, dim, dtype, False)
 
 
-def log_softmax_pybind(x: torch.Tensor, dim: int = -1, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+def log_softmax_pybind(x: torch.Tensor, dim: Optional[int] = -1, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
     """Route A twin of opsmith.log_softmax (opsmith.pybind.log_softmax): same bits."""
     return _pybind_call(x, dim, dtype, True)
 
@@ -122,11 +131,12 @@ def log_softmax_pybind(x: torch.Tensor, dim: int = -1, dtype: Optional[torch.dty
 # --- the nn modules ---------------------------------------------------------------------
 
 class Softmax(torch.nn.Module):
-    """Drop-in for ``torch.nn.Softmax(dim)`` (no state)."""
+    """Drop-in for ``torch.nn.Softmax(dim)`` (no state; ``dim=None``: PyTorch's
+    legacy implicit dim, with its warning)."""
 
     __constants__ = ["dim"]
 
-    def __init__(self, dim: int = -1) -> None:
+    def __init__(self, dim: Optional[int] = -1) -> None:
         super().__init__()
         self.dim = dim
 
