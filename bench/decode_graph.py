@@ -23,7 +23,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, os.getcwd())
-from opsmith.bench import OPS, capture_graph  # noqa: E402
+from opsmith.bench import capture_graph, provider_call  # noqa: E402
 
 SHAPES = [(1, 4096), (16, 4096), (64, 4096), (1, 8192), (16, 8192)]
 PROVIDERS = {"rms_norm": ["opsmith", "torch_compile_F", "torch_compile_hf_llama", "liger"],
@@ -82,13 +82,10 @@ def main():
           "kernel_us_call": round(k, 3), "kernels": per})
     for op in args.ops:
         providers = [p for p in PROVIDERS[op] if args.providers is None or p in args.providers]
-        spec = OPS[op].bench
         for rows, n in SHAPES:
-            s = spec.make_inputs(rows, n, torch.bfloat16, dev)
-            inputs = {k: s[k] for k in spec.grad_inputs}
             for prov in providers[:1] if args.opsmith_only else providers:
                 try:
-                    fn = spec.providers[prov](n, torch.bfloat16, dev)
+                    fn, inputs = provider_call(op, prov, rows, n, torch.bfloat16, dev)
                     with torch.no_grad():
                         fn(**inputs)
                         g = capture_graph(lambda: fn(**inputs), args.calls)

@@ -13,17 +13,13 @@ import sys
 import torch
 
 sys.path.insert(0, os.getcwd())
-from opsmith.bench import OPS  # noqa: E402
+from opsmith.bench import provider_call  # noqa: E402
 
 
 def main(argv):
     op, rows, n, provider = argv[0], int(argv[1]), int(argv[2]), argv[3]
     calls = int(argv[4]) if len(argv) > 4 else 10
-    spec = OPS[op].bench
-    dev = torch.device("cuda")
-    s = spec.make_inputs(rows, n, torch.bfloat16, dev)
-    inputs = {k: s[k] for k in spec.grad_inputs}
-    fn = spec.providers[provider](n, torch.bfloat16, dev)
+    fn, inputs = provider_call(op, provider, rows, n, torch.bfloat16, torch.device("cuda"))
     with torch.no_grad():
         for _ in range(calls):
             fn(**inputs)

@@ -56,6 +56,14 @@ def copy_bandwidth_gbs(device) -> float:
     return 2 * a.numel() / (ms * 1e-3) / 1e9
 
 
+def provider_call(op: str, provider: str, rows: int, n: int, dtype, device):
+    """(fn, inputs) for one call of op's bench provider on one set of its
+    bench inputs (the grad inputs by name): fn(**inputs) runs it."""
+    spec = OPS[op].bench
+    s = spec.make_inputs(rows, n, dtype, device)
+    return spec.providers[provider](n, dtype, device), {k: s[k] for k in spec.grad_inputs}
+
+
 def _measure(spec: OpSpec, provider: str, rows, n, dtype, device, backward: bool):
     op = spec.bench
     elem = torch.empty((), dtype=dtype).element_size()

@@ -261,31 +261,21 @@ template <typename A> __device__ __forceinline__ A warp_sum(A v) {
 }
 
 /* Sum over the whole block, returned to every thread. `scratch` holds 32
- * values; the leading barrier makes it safe to call again in a loop. */
-template <typename A> __device__ __forceinline__ A block_sum(A v, A *scratch) {
+ * values; the leading barrier makes it safe to call again in a loop.
+ * LEAD false: no leading barrier, for a row loop that alternates two
+ * 32-value scratch buffers between calls (a call's writes to a buffer come
+ * after every thread's reads of it two calls before, which precede the
+ * middle barrier of the call between). Without a barrier ahead of the sum
+ * the compiler keeps the row's loads ahead of the first barrier (it had
+ * moved the leading one above them). */
+template <typename A, bool LEAD = true> __device__ __forceinline__ A block_sum(A v, A *scratch) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int warps = (blockDim.x + 31) >> 5;
     v = warp_sum(v);
-    __syncthreads();
+    if constexpr (LEAD) __syncthreads();
     if (lane == 0) scratch[warp] = v;
     __syncthreads();
     v = lane < warps ? scratch[lane] : A(0);
-    return warp_sum(v);
-}
-
-/* block_sum without the leading barrier, for a row loop that alternates
- * two 32-value halves of scratch between calls: a call's writes to a half
- * come after every thread's reads of it two calls before, which precede
- * the middle barrier of the call between. Without a barrier ahead of the
- * sum, the compiler keeps the row's loads ahead of the first barrier (it
- * had moved block_sum's leading one above them). */
-template <typename A> __device__ __forceinline__ A block_sum_alternating(A v, A *half) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int warps = (blockDim.x + 31) >> 5;
-    v = warp_sum(v);
-    if (lane == 0) half[warp] = v;
-    __syncthreads();
-    v = lane < warps ? half[lane] : A(0);
     return warp_sum(v);
 }
 

@@ -69,7 +69,7 @@ __device__ __forceinline__ void load_param(const W *p, A (&out)[S]) {
 /* Two sums over the block in one round of barriers; scratch holds 64.
  * LEAD: with the barrier that makes a second call on the same scratch
  * safe; without it, a block's consecutive calls alternate two scratch
- * buffers (as block_sum_alternating). */
+ * buffers (as block_sum<A, false>). */
 template <typename A, bool LEAD = true> __device__ __forceinline__ void block_sum2(A &a, A &b, A *scratch) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int warps = (blockDim.x + 31) >> 5;
@@ -221,7 +221,7 @@ __device__ __forceinline__ void row_moments(A sum, SQ sq, A c_w, A n, A *scratch
         const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
         const int warps = (blockDim.x + 31) >> 5;
         /* no barrier ahead: the caller alternates two scratch buffers
-         * between rows (as block_sum_alternating) */
+         * between rows (as block_sum<A, false>) */
         if (lane == 0) scratch[warp] = c_w, scratch[32 + warp] = mean_w, scratch[64 + warp] = m2_w;
         __syncthreads();
         /* every warp merges the warps' moments with lane v holding warp v's:

@@ -226,7 +226,7 @@ rms_norm_fwd_resident_kernel(int64_t rows, int64_t n, const T *__restrict__ x, i
      * packs it would cost the registers that keep more of x in flight, and
      * it is an L1 hit later anyway. */
     constexpr bool kWeightEarly = ITERS <= 2;
-    __shared__ A scratch[2][32]; /* block_sum_alternating's halves */
+    __shared__ A scratch[2][32]; /* block_sum<A, false>'s alternating halves */
     const int64_t steps = n / S;
     auto row_loop = [&](auto has_w) {
         constexpr bool HW = decltype(has_w)::value;
@@ -268,7 +268,7 @@ rms_norm_fwd_resident_kernel(int64_t rows, int64_t n, const T *__restrict__ x, i
                     sum_sq += mine ? v * v : A(0);
                 }
             }
-            sum_sq = block_sum_alternating(sum_sq, scratch[half]);
+            sum_sq = block_sum<A, false>(sum_sq, scratch[half]);
             const A inv = rsqrt_acc(sum_sq / (A)n + eps);
             if (threadIdx.x == 0) inv_rms[r] = inv;
             for_my_packs<ITERS>(steps, [&](int it, int64_t i) {
@@ -366,7 +366,7 @@ __device__ __forceinline__ void bwd_resident_rows(int64_t first, int64_t step, i
     constexpr int S = Pack<T>::VEC;
     extern __shared__ __align__(16) unsigned char dynamic_smem[];
     A *const dw_sum = reinterpret_cast<A *>(dynamic_smem);
-    __shared__ A scratch[2][32]; /* block_sum_alternating's halves */
+    __shared__ A scratch[2][32]; /* block_sum<A, false>'s alternating halves */
     const int64_t steps = n / S;
     /* with few packs a thread the weight is loaded once, before the rows
      * (and inv_rms with each row), so a short batch waits on memory once */
@@ -425,7 +425,7 @@ __device__ __forceinline__ void bwd_resident_rows(int64_t first, int64_t step, i
                 }
             });
         }
-        dot = block_sum_alternating(dot, scratch[half]);
+        dot = block_sum<A, false>(dot, scratch[half]);
         const A scale = inv * inv * inv * dot / (A)n;
         for_my_packs<ITERS>(steps, [&](int it, int64_t i) {
             opaque(xp[it]);
