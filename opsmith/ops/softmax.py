@@ -19,7 +19,7 @@ _softmax_bwd = torch.ops.opsmith.softmax_bwd.default
 
 def _run(fn, x, dim, dtype, log):
     if dim is None:
-        # as torch.softmax(x, None) and torch.nn.Softmax(): the legacy
+        # as F.softmax(x, None) and torch.nn.Softmax(): the legacy
         # implicit dim, with torch's deprecation warning
         name = "log_softmax" if log else "softmax"
         warnings.warn(f"Implicit dimension choice for {name} has been deprecated. "
