@@ -114,6 +114,11 @@ def test_double_backward(spec, device, route):
             "a graph; differentiating it would give silent zeros")
         with pytest.raises(RuntimeError, match=declared):
             sum(g.sum() for g in grads).backward()
+        # asked for by input (as gradient penalties do): the refusal must be
+        # on the path to the inputs, not a None for an "unused" one
+        grads = torch.autograd.grad(f(*xs), xs, dys, create_graph=True)
+        with pytest.raises(RuntimeError, match=declared):
+            torch.autograd.grad(sum(g.sum() for g in grads), xs, allow_unused=True)
 
 
 # =============================================================================

@@ -87,3 +87,82 @@ def exports(kind: str) -> Dict[str, object]:
                 raise ImportError(f"opsmith: {module.__name__} exports {kind} {name!r}, already exported")
             out[name] = obj
     return out
+
+
+# --- route A: backwards that refuse to be differentiated -------------------------------
+
+class _Refused(torch.autograd.Function):
+    """The first `count` tensors as they are, in a graph through all of
+    them whose backward raises `message`."""
+
+    @staticmethod
+    def forward(ctx, message, count, *tensors):
+        ctx.message = message
+        return tensors[:count]
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise RuntimeError(ctx.message)
+
+
+class _Anchor(torch.autograd.Function):
+    """An empty tensor in the inputs' graph: no kernel, and it keeps none of
+    their storage alive."""
+
+    @staticmethod
+    def forward(ctx, *tensors):
+        return tensors[0].new_empty(0)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return (None,) * len(ctx.needs_input_grad)
+
+
+def graph_anchors(*tensors) -> list:
+    """For a route A Function that saves none of its differentiable inputs:
+    ``[anchor]`` of those that require grad (``[]`` when none does, or grad
+    mode is off), to pass to ``.apply`` and keep as ``ctx.anchors``, so
+    first_order_only can tie the backward's outputs to the inputs' graph. A
+    list, not a tensor argument: the Function gets no extra edge."""
+    needed = [t for t in tensors if t is not None and t.requires_grad]
+    if not torch.is_grad_enabled() or not needed:
+        return []
+    return [_Anchor.apply(*needed)]
+
+
+def first_order_only(message):
+    """Decorates a route A Function's backward (under @staticmethod) whose
+    result is not differentiable. With create_graph=True, the gradients come
+    back in a graph through the incoming gradients, the saved tensors and
+    ``ctx.anchors`` (graph_anchors) that raises ``message`` (a str, or
+    ctx -> str) when differentiated.
+
+    Not @once_differentiable: its error node hangs on fresh detached leaves,
+    so ``torch.autograd.grad(grads, inputs, allow_unused=True)`` never
+    reaches it and returns None, and a constant incoming gradient gives no
+    graph at all (silent zeros)."""
+
+    def decorate(backward):
+        @functools.wraps(backward)
+        def wrapper(ctx, *grads):
+            with torch.no_grad():
+                outputs = backward(ctx, *grads)
+            if not torch.is_grad_enabled():  # no create_graph: nothing more to do
+                return outputs
+            sources = [g for g in grads if isinstance(g, torch.Tensor) and g.requires_grad]
+            sources += [t for t in ctx.saved_tensors if t is not None and t.requires_grad]
+            sources += getattr(ctx, "anchors", [])
+            single = isinstance(outputs, torch.Tensor)
+            outs = (outputs,) if single else tuple(outputs)
+            # one twin per tensor: a backward may return one gradient twice
+            unique = list({id(t): t for t in outs if isinstance(t, torch.Tensor)}.values())
+            if not sources or not unique:
+                return outputs
+            text = message(ctx) if callable(message) else message
+            twins = dict(zip(map(id, unique), _Refused.apply(text, len(unique), *unique, *sources)))
+            outs = tuple(twins[id(t)] if isinstance(t, torch.Tensor) else t for t in outs)
+            return outs[0] if single else outs
+
+        return wrapper
+
+    return decorate

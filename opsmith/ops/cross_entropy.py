@@ -14,7 +14,7 @@ import torch
 
 from . import register_fake
 from .. import _library  # noqa: F401  (loads the library: torch.ops.opsmith.* exists after this)
-from . import route_a
+from . import first_order_only, graph_anchors, route_a
 
 _fwd = torch.ops.opsmith.cross_entropy_fwd.default
 _fwd_inplace = torch.ops.opsmith.cross_entropy_fwd_.default
@@ -194,10 +194,15 @@ for _name in ("cross_entropy_fwd", "cross_entropy_fwd_", "cross_entropy_bwd"):
 
 # --- route A: pybind11 + torch.autograd.Function -------------------------------------
 
+PYBIND_DOUBLE_BACKWARD_ERROR = ("opsmith.pybind.cross_entropy: double backward is not supported (route A's "
+                                "backward is not differentiable); compute higher-order gradients with "
+                                "torch.nn.functional.cross_entropy")
+
+
 class CrossEntropyFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, target, weight, ignore_index, label_smoothing, z_loss, softcap, reduction,
-                loss_dtype=None):
+                loss_dtype=None, anchors=()):
         if weight is not None and weight.requires_grad:
             raise RuntimeError("cross_entropy: the gradient of weight is not implemented (as in PyTorch); "
                                "pass weight.detach()")
@@ -205,21 +210,18 @@ class CrossEntropyFunction(torch.autograd.Function):
                                                          z_loss, softcap, reduction, logits.requires_grad,
                                                          loss_dtype)
         ctx.save_for_backward(dl)
+        # only the precomputed gradient is saved: the anchors tie the
+        # backward's result to the logits' graph (graph_anchors)
+        ctx.anchors = anchors
         ctx.mark_non_differentiable(z, error)
         return loss, z, error
 
     @staticmethod
+    @first_order_only(PYBIND_DOUBLE_BACKWARD_ERROR)
     def backward(ctx, g, _gz, _gerror):
-        if torch.is_grad_enabled() and not g.requires_grad:
-            g = g.detach().requires_grad_()
-        return CrossEntropyFunction._backward(ctx, g)
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def _backward(ctx, g):
         (dl,) = ctx.saved_tensors
         # a float32 loss's gradient is float32: the kernel reads it as it is
-        return route_a().cross_entropy_bwd(g, dl), None, None, None, None, None, None, None, None
+        return route_a().cross_entropy_bwd(g, dl), None, None, None, None, None, None, None, None, None
 
 
 PYBIND_TRANSFORM_ERROR = ("opsmith.pybind.cross_entropy: route A does not support torch.func transforms "
@@ -237,7 +239,8 @@ def cross_entropy_pybind(logits: torch.Tensor, target: torch.Tensor, weight: Opt
     red = _reduction(reduction)
     x, t, shape = _rows(logits, target)
     loss, z, error = CrossEntropyFunction.apply(x, t, weight, ignore_index, float(label_smoothing), float(z_loss),
-                                                _softcap(softcap), red, _loss_dtype(logits, loss_dtype))
+                                                _softcap(softcap), red, _loss_dtype(logits, loss_dtype),
+                                                graph_anchors(x))
     if validate:
         _validate(error, logits.shape[-1], ignore_index)
     if red == 0:

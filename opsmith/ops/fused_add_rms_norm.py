@@ -147,7 +147,11 @@ _sharding.row_local(_fwd, _bwd, fwd_tensor_args=3, fwd_outputs=3, fwd_row_args=2
                     bwd_row_args=(0, 1, 2, 4), bwd_param_args=(3,), bwd_outputs_row=1, bwd_outputs_param=1)
 
 
-from . import route_a as _pybind
+from . import first_order_only, route_a as _pybind
+
+PYBIND_DOUBLE_BACKWARD_ERROR = ("opsmith.pybind.fused_add_rms_norm: double backward is not supported (route A's "
+                                "backward is not differentiable); compute higher-order gradients with "
+                                "x + residual and torch.nn.functional.rms_norm")
 
 
 class FusedAddRMSNormFunction(torch.autograd.Function):
@@ -159,20 +163,8 @@ class FusedAddRMSNormFunction(torch.autograd.Function):
         return y, h
 
     @staticmethod
+    @first_order_only(PYBIND_DOUBLE_BACKWARD_ERROR)
     def backward(ctx, dy, dh):
-        if torch.is_grad_enabled() and not any(g is not None and g.requires_grad for g in (dy, dh)):
-            # create_graph=True with constant gradients: once_differentiable
-            # looks at them only and would hand back gradients without a
-            # graph; through one that requires grad, differentiating raises
-            if dy is not None:
-                dy = dy.detach().requires_grad_()
-            elif dh is not None:
-                dh = dh.detach().requires_grad_()
-        return FusedAddRMSNormFunction._backward(ctx, dy, dh)
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def _backward(ctx, dy, dh):
         h, weight, inv_rms = ctx.saved_tensors
         if dy is None and dh is None:
             return None, None, None, None, None, None, None

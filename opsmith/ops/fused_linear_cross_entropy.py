@@ -15,7 +15,7 @@ import torch
 
 from . import register_fake
 from .. import _library  # noqa: F401  (loads the library: torch.ops.opsmith.* exists after this)
-from . import route_a
+from . import first_order_only, graph_anchors, route_a
 from .cross_entropy import _options_repr, _softcap, _validate
 
 _fwd = torch.ops.opsmith.fused_linear_cross_entropy_fwd.default
@@ -137,30 +137,30 @@ def _refuse_vmap(*args, **kwargs):
 
 # --- route A: pybind11 + torch.autograd.Function -------------------------------------
 
+PYBIND_DOUBLE_BACKWARD_ERROR = ("opsmith.pybind.fused_linear_cross_entropy: double backward is not supported "
+                                "(route A's backward is not differentiable); compute higher-order gradients with "
+                                "torch.nn.functional.linear and cross_entropy")
+
+
 class FusedLinearCrossEntropyFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, bias, target, ignore_index, label_smoothing, z_loss, softcap, reduction,
-                chunk_size):
+                chunk_size, anchors=()):
         nh, nw, nb = ctx.needs_input_grad[:3]
         loss, z, dh, dw, db, error = route_a().fused_linear_cross_entropy_fwd(
             hidden, weight, target, bias, ignore_index, label_smoothing, z_loss, softcap, reduction, chunk_size,
             nh, nw, nb)
         ctx.save_for_backward(dh, dw, db)
         ctx.flags = (nh, nw, nb)
+        # only computed gradients are saved: the anchors tie the backward's
+        # results to the inputs' graph (graph_anchors)
+        ctx.anchors = anchors
         ctx.mark_non_differentiable(z, error)
         return loss, z, error
 
     @staticmethod
+    @first_order_only(PYBIND_DOUBLE_BACKWARD_ERROR)
     def backward(ctx, g, _gz, _gerror):
-        # create_graph=True: the gradients get a graph whose backward refuses
-        # clearly (once_differentiable) rather than silent zeros
-        if torch.is_grad_enabled() and g is not None and not g.requires_grad:
-            g = g.detach().requires_grad_()
-        return FusedLinearCrossEntropyFunction._backward(ctx, g)
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def _backward(ctx, g):
         saved = ctx.saved_tensors
         grads = []
         for flag, d in zip(ctx.flags, saved):
@@ -169,7 +169,7 @@ class FusedLinearCrossEntropyFunction(torch.autograd.Function):
                 continue
             d2 = d.view(1, -1) if d.dim() == 1 else d
             grads.append(route_a().cross_entropy_bwd(g, d2).view(d.shape))
-        return (*grads, None, None, None, None, None, None, None)
+        return (*grads, None, None, None, None, None, None, None, None)
 
 
 PYBIND_TRANSFORM_ERROR = ("opsmith.pybind.fused_linear_cross_entropy: route A does not support torch.func "
@@ -191,7 +191,8 @@ def fused_linear_cross_entropy_pybind(hidden: torch.Tensor, weight: torch.Tensor
     hidden, weight, bias = _autocast(hidden, weight, bias)
     h, t = _rows(hidden, target)
     loss, z, error = FusedLinearCrossEntropyFunction.apply(h, weight, bias, t, ignore_index, float(label_smoothing),
-                                                           float(z_loss), cap, red, chunk)
+                                                           float(z_loss), cap, red, chunk,
+                                                           graph_anchors(h, weight, bias))
     if validate:
         _validate(error, weight.shape[0], ignore_index)
     return (loss, z) if return_z_loss else loss

@@ -13,7 +13,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from . import register_fake
+from . import first_order_only, register_fake
 from .. import _library  # noqa: F401  (loads the library: torch.ops.opsmith.* exists after this)
 from . import _vmap
 
@@ -108,6 +108,16 @@ def _glu_bwd_vmap(info, in_dims, dy, gate, up, activation="silu", with_h=False):
 
 from . import route_a as _pybind
 
+_TORCH_GLU = {"silu": "torch.nn.functional.silu(gate) * up", "gelu": "torch.nn.functional.gelu(gate) * up",
+              "gelu_tanh": "torch.nn.functional.gelu(gate, approximate='tanh') * up"}
+# per activation: the name the user called (opsmith.pybind.swiglu or geglu)
+PYBIND_DOUBLE_BACKWARD_ERROR = {
+    activation: (f"opsmith.pybind.{'swiglu' if activation == 'silu' else 'geglu'}: double backward is not "
+                 f"supported (route A's backward is not differentiable); compute higher-order gradients with "
+                 f"{formula}")
+    for activation, formula in _TORCH_GLU.items()
+}
+
 
 class GLUFunction(torch.autograd.Function):
     @staticmethod
@@ -118,18 +128,8 @@ class GLUFunction(torch.autograd.Function):
         return y
 
     @staticmethod
+    @first_order_only(lambda ctx: PYBIND_DOUBLE_BACKWARD_ERROR[ctx.activation])
     def backward(ctx, dy):
-        if torch.is_grad_enabled() and not dy.requires_grad and any(
-                t is not None and t.requires_grad for t in ctx.saved_tensors):
-            # create_graph=True with a constant dy: make the gradients carry
-            # a graph so differentiating them raises (once_differentiable)
-            # instead of giving silent zeros; as RMSNormFunction does
-            dy = dy.detach().requires_grad_()
-        return GLUFunction._backward(ctx, dy)
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def _backward(ctx, dy):
         gate, up = ctx.saved_tensors
         dgate, dup, _ = _pybind().glu_bwd(dy, gate, up, ctx.activation, False)
         return dgate, (dup if up is not None else None), None
@@ -156,6 +156,16 @@ def geglu_pybind(gate: torch.Tensor, up: Optional[torch.Tensor] = None, approxim
 
 # --- recompute: the down projection without keeping h --------------------------------
 
+# the alternative is torch's formula, not GatedMLP(recompute=False): route
+# B's gated activation refuses double backward too
+RECOMPUTE_DOUBLE_BACKWARD_ERROR = {
+    activation: ("opsmith.nn.GatedMLP(recompute=True) (and opsmith.hf's patched MLPs): double backward is not "
+                 "supported (the backward that recomputes act(gate) * up is not differentiable); compute "
+                 f"higher-order gradients with torch.nn.functional.linear({formula}, weight, bias)")
+    for activation, formula in _TORCH_GLU.items()
+}
+
+
 class GatedDownProjection(torch.autograd.Function):
     """``F.linear(act(gate) * up, weight, bias)`` that keeps no h = act(gate)*up
     for the backward: down_proj's weight gradient needs h, which the backward
@@ -176,7 +186,7 @@ class GatedDownProjection(torch.autograd.Function):
         return out
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @first_order_only(lambda ctx: RECOMPUTE_DOUBLE_BACKWARD_ERROR[ctx.activation])
     def backward(ctx, dout):
         gate, up, weight = ctx.saved_tensors
         dh = (dout @ weight.to(dout.dtype)).to(gate.dtype)

@@ -112,7 +112,11 @@ _sharding.row_local(_layer_norm_fwd, _layer_norm_bwd, fwd_tensor_args=3, fwd_out
 
 # --- route A: pybind11 + torch.autograd.Function -------------------------------------
 
-from . import route_a as _pybind
+from . import first_order_only, route_a as _pybind
+
+PYBIND_DOUBLE_BACKWARD_ERROR = ("opsmith.pybind.layer_norm: double backward is not supported (route A's backward "
+                                "is not differentiable); compute higher-order gradients with "
+                                "torch.nn.functional.layer_norm")
 
 
 class LayerNormFunction(torch.autograd.Function):
@@ -124,19 +128,8 @@ class LayerNormFunction(torch.autograd.Function):
         return y
 
     @staticmethod
+    @first_order_only(PYBIND_DOUBLE_BACKWARD_ERROR)
     def backward(ctx, dy):
-        if torch.is_grad_enabled() and not dy.requires_grad and any(
-                t is not None and t.requires_grad for t in ctx.saved_tensors[:3]):
-            # create_graph=True with a constant dy: once_differentiable looks
-            # at dy only and would hand back gradients without a graph (silent
-            # zeros when differentiated); through a dy that requires grad it
-            # marks them, so differentiating them raises instead.
-            dy = dy.detach().requires_grad_()
-        return LayerNormFunction._backward(ctx, dy)
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def _backward(ctx, dy):
         x, weight, bias, mean, rstd = ctx.saved_tensors
         weight_grad = weight is not None and ctx.needs_input_grad[1]
         bias_grad = bias is not None and ctx.needs_input_grad[2]

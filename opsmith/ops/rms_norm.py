@@ -159,7 +159,11 @@ _sharding.row_local(_rms_norm_fwd, _rms_norm_bwd, fwd_tensor_args=2, fwd_outputs
 
 # --- route A: pybind11 + torch.autograd.Function -------------------------------------
 
-from . import route_a as _pybind
+from . import first_order_only, route_a as _pybind
+
+PYBIND_DOUBLE_BACKWARD_ERROR = ("opsmith.pybind.rms_norm: double backward is not supported (route A's backward "
+                                "is not differentiable); compute higher-order gradients with "
+                                "torch.nn.functional.rms_norm")
 
 
 class RMSNormFunction(torch.autograd.Function):
@@ -171,20 +175,8 @@ class RMSNormFunction(torch.autograd.Function):
         return y
 
     @staticmethod
+    @first_order_only(PYBIND_DOUBLE_BACKWARD_ERROR)
     def backward(ctx, dy):
-        if torch.is_grad_enabled() and not dy.requires_grad and any(
-                t is not None and t.requires_grad for t in ctx.saved_tensors[:2]):
-            # create_graph=True with a constant dy (a gradient penalty):
-            # once_differentiable looks at dy only, and would hand back
-            # gradients without a graph -- differentiating them would give
-            # silent zeros. Through a dy that requires grad, it marks them,
-            # so differentiating them raises instead.
-            dy = dy.detach().requires_grad_()
-        return RMSNormFunction._backward(ctx, dy)
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def _backward(ctx, dy):
         x, weight, inv_rms = ctx.saved_tensors
         weight_grad = weight is not None and ctx.needs_input_grad[1]
         dx, dweight = _pybind().rms_norm_bwd(dy, x, weight, inv_rms, *ctx.options, weight_grad)

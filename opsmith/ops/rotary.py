@@ -179,17 +179,23 @@ for _name in ("rotary_fwd", "rotary_bwd", "rotary_"):
 
 # --- route A: pybind11 + torch.autograd.Function -------------------------------------
 
-from . import route_a as _pybind
+from . import first_order_only, graph_anchors, route_a as _pybind
+
+PYBIND_DOUBLE_BACKWARD_ERROR = ("opsmith.pybind.apply_rotary: double backward is not supported on route A; "
+                                "opsmith.apply_rotary (route B) supports it")
 
 
 class RotaryFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, cos, sin, position_ids, interleaved, rotary_dim, layout):
+    def forward(ctx, q, k, cos, sin, position_ids, interleaved, rotary_dim, layout, anchors=()):
         if cos.requires_grad or sin.requires_grad:
             raise RuntimeError("rotary: cos and sin must not require grad (no gradient flows to them); "
                                "pass cos.detach(), sin.detach()")
         q_out, k_out = _pybind().rotary_fwd(q, k, cos, sin, position_ids, interleaved, rotary_dim, layout)
         ctx.save_for_backward(cos, sin, position_ids)
+        # q and k are not saved: the anchors tie the backward's results to
+        # their graph (graph_anchors)
+        ctx.anchors = anchors
         ctx.args = (interleaved, rotary_dim, layout)
         ctx.has_k = k is not None
         ctx.q_meta = (q.shape, q.dtype, q.device)
@@ -198,25 +204,19 @@ class RotaryFunction(torch.autograd.Function):
         return q_out, k_out
 
     @staticmethod
+    @first_order_only(PYBIND_DOUBLE_BACKWARD_ERROR)
     def backward(ctx, dq_out, dk_out):
-        if torch.is_grad_enabled() and not any(
-                t is not None and t.requires_grad for t in (dq_out, dk_out)):
-            # create_graph=True with constant upstream gradients: mark them so
-            # differentiating the result raises (once_differentiable) instead
-            # of giving silent zeros, as the other route A Functions do
-            dq_out = dq_out.detach().requires_grad_() if dq_out is not None else None
-        return RotaryFunction._backward(ctx, dq_out, dk_out)
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def _backward(ctx, dq_out, dk_out):
         cos, sin, position_ids = ctx.saved_tensors
         shape, dtype, device = ctx.q_meta
         if dq_out is None:
             dq_out = torch.zeros(shape, dtype=dtype, device=device)
         dk = dk_out if ctx.has_k else None
         dq, dkk = _pybind().rotary_bwd(dq_out, dk, cos, sin, position_ids, *ctx.args)
-        return dq, (dkk if ctx.has_k and dk_out is not None else None), None, None, None, None, None, None
+        return dq, (dkk if ctx.has_k and dk_out is not None else None), None, None, None, None, None, None, None
+
+
+def _rotary_function(q, k, *args):
+    return RotaryFunction.apply(q, k, *args, graph_anchors(q, k))
 
 
 def apply_rotary_pybind(q, k, cos, sin, position_ids=None, *, interleaved=False, rotary_dim=None, layout="bhsd",
@@ -233,7 +233,7 @@ def apply_rotary_pybind(q, k, cos, sin, position_ids=None, *, interleaved=False,
                                "use inplace=False")
         _pybind().rotary_(q, k, cos, sin, position_ids, interleaved, rotary_dim, layout)
         return q, k
-    return _rotate(RotaryFunction.apply, q, k, cos, sin, position_ids, interleaved, rotary_dim, layout)
+    return _rotate(_rotary_function, q, k, cos, sin, position_ids, interleaved, rotary_dim, layout)
 
 
 def apply_rotary_pos_emb_pybind(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
@@ -243,7 +243,7 @@ def apply_rotary_pos_emb_pybind(q, k, cos, sin, position_ids=None, unsqueeze_dim
     if torch._C._are_functorch_transforms_active():
         raise RuntimeError("opsmith.pybind.apply_rotary_pos_emb: route A does not support torch.func transforms "
                            "(grad, vjp, jvp, vmap); use opsmith.apply_rotary_pos_emb")
-    return _pos_emb(RotaryFunction.apply, "opsmith.pybind.apply_rotary_pos_emb", q, k, cos, sin, unsqueeze_dim)
+    return _pos_emb(_rotary_function, "opsmith.pybind.apply_rotary_pos_emb", q, k, cos, sin, unsqueeze_dim)
 
 
 # --- cos/sin like Hugging Face's LlamaRotaryEmbedding ----------------------------------

@@ -11,7 +11,7 @@ import torch
 
 from . import register_fake
 from .. import _library  # noqa: F401  (loads the library: torch.ops.opsmith.* exists after this)
-from . import route_a
+from . import first_order_only, route_a
 
 _softmax_fwd = torch.ops.opsmith.softmax_fwd.default
 _softmax_bwd = torch.ops.opsmith.softmax_bwd.default
@@ -87,6 +87,13 @@ def _softmax_bwd_vmap(info, in_dims, dy, y, log=False):
 
 # --- route A: pybind11 + torch.autograd.Function -------------------------------------
 
+PYBIND_DOUBLE_BACKWARD_ERROR = {
+    log: (f"opsmith.pybind.{name}: double backward is not supported (route A's backward is not differentiable); "
+          f"compute higher-order gradients with torch.{name}")
+    for log, name in ((False, "softmax"), (True, "log_softmax"))
+}
+
+
 class SoftmaxFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, log):
@@ -96,14 +103,8 @@ class SoftmaxFunction(torch.autograd.Function):
         return y
 
     @staticmethod
+    @first_order_only(lambda ctx: PYBIND_DOUBLE_BACKWARD_ERROR[ctx.log])
     def backward(ctx, dy):
-        if torch.is_grad_enabled() and not dy.requires_grad:
-            dy = dy.detach().requires_grad_()
-        return SoftmaxFunction._backward(ctx, dy)
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def _backward(ctx, dy):
         (y,) = ctx.saved_tensors
         return route_a().softmax_bwd(dy, y, ctx.log), None
 

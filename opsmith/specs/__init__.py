@@ -316,9 +316,10 @@ def _autodiff_rows(spec: OpSpec) -> List[str]:
                     f"gradients themselves are right) | {db} | `test_double_backward[{spec.name}-route_b]` |")
     db = cell(spec.double_backward_pybind, "works")
     if db and spec.grad_inputs and spec.call_pybind:
-        rows.append(f"| double backward, route A: the same (with a constant upstream gradient too, "
-                    f"where `@once_differentiable` alone would hand back gradients without a graph, "
-                    f"silently constant) | {db} | `test_double_backward[{spec.name}-route_a]` |")
+        rows.append(f"| double backward, route A: the same, also through `torch.autograd.grad` of the "
+                    f"inputs with `allow_unused=True` (where `@once_differentiable` would hand back "
+                    f"gradients without a graph, or None: silently constant) "
+                    f"| {db} | `test_double_backward[{spec.name}-route_a]` |")
     what = {"grad": "`torch.func.grad`", "vjp": "`torch.func.vjp`",
             "jvp": "`torch.func.jvp` (forward-mode AD)", "vmap": "`torch.func.vmap`"}
     for t in TRANSFORMS:

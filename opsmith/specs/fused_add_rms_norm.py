@@ -265,7 +265,7 @@ SPEC = OpSpec(
     row_inputs=("x", "residual"),
     opcheck=_opcheck,
     double_backward=r"^fused_add_rms_norm: double backward is not supported",
-    double_backward_pybind=r"trying to differentiate twice a function that was marked with @once_differentiable",
+    double_backward_pybind=r"^opsmith\.pybind\.fused_add_rms_norm: double backward is not supported",
     func_transforms={
         "grad": SUPPORTED,
         "vjp": SUPPORTED,
