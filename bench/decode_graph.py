@@ -1,13 +1,13 @@
-"""Decode-size norm forwards as CUDA graphs of many calls, to split a call's
-time in graph replay into its kernel's run and what a graph node costs
-beyond it:
+"""Decode-size calls (forwards, or forward+backward steps with --backward)
+as CUDA graphs of many calls, to split a call's time in graph replay into
+its kernels' run and what a graph node costs beyond it:
 
 - each provider's time a call in the replay of a graph of `--calls` calls
   (CUDA events, median of the replays);
 - each kernel's time inside that replay (torch.profiler over replays);
 - the same for a graph of a one-element fill, the floor a node costs.
 
-    python bench/decode_graph.py [--calls 100] [--label NAME] [--ops ...] [--providers ...]
+    python bench/decode_graph.py [--calls 100] [--label NAME] [--ops ...] [--providers ...] [--backward]
 
 Run from the repository root with the library built. OPSMITH_NORM_LATENCY_PACKS
 (csrc/cuda/norm_plan.cuh) picks the packs a thread of the norms' plan for a
@@ -25,10 +25,16 @@ from torch.profiler import ProfilerActivity, profile
 sys.path.insert(0, os.getcwd())
 from opsmith.bench import capture_graph, provider_call  # noqa: E402
 
-SHAPES = [(1, 4096), (16, 4096), (64, 4096), (1, 8192), (16, 8192)]
+NORM_SHAPES = [(1, 4096), (16, 4096), (64, 4096), (1, 8192), (16, 8192)]
+# (rows, n) as each op's bench spec reads them: rotary's rows are batch 4 x
+# seq tokens of head_dim n (32 query and 8 key heads)
+SHAPES = {"rms_norm": NORM_SHAPES, "layer_norm": NORM_SHAPES, "fused_add_rms_norm": NORM_SHAPES,
+          "glu": [(1, 14336), (16, 14336), (64, 14336)], "rotary": [(4, 128), (64, 128)]}
 PROVIDERS = {"rms_norm": ["opsmith", "torch_compile_F", "torch_compile_hf_llama", "liger"],
              "layer_norm": ["opsmith", "torch_compile_F", "liger"],
-             "fused_add_rms_norm": ["opsmith", "torch_compile", "liger"]}
+             "fused_add_rms_norm": ["opsmith", "torch_compile", "liger"],
+             "glu": ["opsmith", "torch_compile", "liger"],
+             "rotary": ["opsmith", "torch_compile", "liger"]}
 
 
 def replay_us(g, calls, reps=50):
@@ -64,6 +70,7 @@ def main():
     ap.add_argument("--opsmith-only", action="store_true")
     ap.add_argument("--ops", nargs="*", default=list(PROVIDERS))
     ap.add_argument("--providers", nargs="*", default=None, help="default: each op's list")
+    ap.add_argument("--backward", action="store_true", help="forward+backward steps, not forwards")
     args = ap.parse_args()
     dev = torch.device("cuda")
     out = os.environ.get("OUT")
@@ -82,20 +89,27 @@ def main():
           "kernel_us_call": round(k, 3), "kernels": per})
     for op in args.ops:
         providers = [p for p in PROVIDERS[op] if args.providers is None or p in args.providers]
-        for rows, n in SHAPES:
+        for rows, n in SHAPES[op]:
             for prov in providers[:1] if args.opsmith_only else providers:
+                head = {"op": op, "dir": "fwd+bwd" if args.backward else "fwd", "rows": rows, "n": n,
+                        "provider": prov}
                 try:
-                    fn, inputs = provider_call(op, prov, rows, n, torch.bfloat16, dev)
-                    with torch.no_grad():
-                        fn(**inputs)
-                        g = capture_graph(lambda: fn(**inputs), args.calls)
-                        us = replay_us(g, args.calls)
-                        per, k = kernels_us(g, args.calls)
+                    fn, inputs, dy = provider_call(op, prov, rows, n, torch.bfloat16, dev, backward=args.backward)
+                    if args.backward:
+                        def step():
+                            torch.autograd.grad(fn(**inputs), list(inputs.values()), dy, allow_unused=True)
+                    else:
+                        def step():
+                            with torch.no_grad():
+                                fn(**inputs)
+                    step()
+                    g = capture_graph(step, args.calls)
+                    us = replay_us(g, args.calls)
+                    per, k = kernels_us(g, args.calls)
                 except Exception as e:  # a provider that cannot run here is reported, not fatal
-                    emit({"op": op, "rows": rows, "n": n, "provider": prov, "error": repr(e)[:200]})
+                    emit({**head, "error": repr(e)[:200]})
                     continue
-                emit({"op": op, "rows": rows, "n": n, "provider": prov, "us_call": round(us, 3),
-                      "kernel_us_call": round(k, 3), "kernels": per})
+                emit({**head, "us_call": round(us, 3), "kernel_us_call": round(k, 3), "kernels": per})
 
 
 if __name__ == "__main__":

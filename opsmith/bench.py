@@ -56,12 +56,14 @@ def copy_bandwidth_gbs(device) -> float:
     return 2 * a.numel() / (ms * 1e-3) / 1e9
 
 
-def provider_call(op: str, provider: str, rows: int, n: int, dtype, device):
-    """(fn, inputs) for one call of op's bench provider on one set of its
-    bench inputs (the grad inputs by name): fn(**inputs) runs it."""
+def provider_call(op: str, provider: str, rows: int, n: int, dtype, device, backward: bool = False):
+    """(fn, inputs, dy) for one call of op's bench provider on one set of its
+    bench inputs (the grad inputs by name, requiring grad when backward):
+    fn(**inputs) runs it, dy is the output's gradient."""
     spec = OPS[op].bench
     s = spec.make_inputs(rows, n, dtype, device)
-    return spec.providers[provider](n, dtype, device), {k: s[k] for k in spec.grad_inputs}
+    inputs = {k: s[k].requires_grad_(backward) for k in spec.grad_inputs}
+    return spec.providers[provider](n, dtype, device), inputs, s["dy"]
 
 
 def _measure(spec: OpSpec, provider: str, rows, n, dtype, device, backward: bool):

@@ -7,7 +7,7 @@
  * strides; the packed form is two pointers into one buffer. When every
  * operand is contiguous the rows are one long row, so no block idles on a
  * row tail. Grid: x over a row's packs (one pack a thread), y over rows
- * (looping past 65535). Each element is loaded before the same element is
+ * (looping past 65535); one row takes a kernel without either loop. Each element is loaded before the same element is
  * stored by the same thread, and plain (coherent) loads are used, so an
  * output that is exactly an input (in place) is safe. */
 #include <type_traits>
@@ -111,6 +111,43 @@ template <typename T, int V> __device__ __forceinline__ void store_chunk(T *p, c
     }
 }
 
+/* One step: V elements of y = act(gate) * up. */
+template <typename T, typename Acc, int A, int V>
+__device__ __forceinline__ void fwd_step(const T *gate, const T *up, T *y) {
+    const Chunk<T, V> g = load_chunk<T, V>(gate);
+    const Chunk<T, V> u = load_chunk<T, V>(up);
+    Chunk<T, V> out;
+#pragma unroll
+    for (int k = 0; k < V; k++) {
+        Acc slope;
+        const Acc v = act<A, T>(to_acc(g.v[k]), &slope);
+        out.v[k] = from_acc<T>(v * to_acc(u.v[k]));
+    }
+    store_chunk<T, V>(y, out);
+}
+
+/* One step: V elements of dgate = dy * up * act'(gate), dup = dy * act(gate),
+ * h = act(gate) * up (when H). */
+template <typename T, typename Acc, int A, int V, bool H>
+__device__ __forceinline__ void bwd_step(const T *dy, const T *gate, const T *up, T *dgate, T *dup, T *h) {
+    const Chunk<T, V> d = load_chunk<T, V>(dy);
+    const Chunk<T, V> g = load_chunk<T, V>(gate);
+    const Chunk<T, V> u = load_chunk<T, V>(up);
+    Chunk<T, V> dg, du, hv;
+#pragma unroll
+    for (int k = 0; k < V; k++) {
+        Acc slope;
+        const Acc uv = to_acc(u.v[k]), dv = to_acc(d.v[k]);
+        const Acc v = act<A, T>(to_acc(g.v[k]), &slope);
+        dg.v[k] = from_acc<T>(dv * uv * slope);
+        du.v[k] = from_acc<T>(dv * v);
+        if (H) hv.v[k] = from_acc<T>(v * uv);
+    }
+    store_chunk<T, V>(dgate, dg);
+    store_chunk<T, V>(dup, du);
+    if (H) store_chunk<T, V>(h, hv);
+}
+
 /* y = act(gate) * up over (rows, steps * V) elements. */
 template <typename T, typename Acc, int A, int V>
 __global__ void __launch_bounds__(kThreads)
@@ -118,45 +155,38 @@ glu_fwd_kernel(int64_t rows, int64_t steps, const T *gate, int64_t gs, const T *
                int64_t ys) {
     for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
         for (int64_t s = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; s < steps;
-             s += (int64_t)gridDim.x * blockDim.x) {
-            const Chunk<T, V> g = load_chunk<T, V>(gate + r * gs + s * V);
-            const Chunk<T, V> u = load_chunk<T, V>(up + r * us + s * V);
-            Chunk<T, V> out;
-#pragma unroll
-            for (int k = 0; k < V; k++) {
-                Acc slope;
-                const Acc v = act<A, T>(to_acc(g.v[k]), &slope);
-                out.v[k] = from_acc<T>(v * to_acc(u.v[k]));
-            }
-            store_chunk<T, V>(y + r * ys + s * V, out);
-        }
+             s += (int64_t)gridDim.x * blockDim.x)
+            fwd_step<T, Acc, A, V>(gate + r * gs + s * V, up + r * us + s * V, y + r * ys + s * V);
 }
 
-/* dgate = dy * up * act'(gate), dup = dy * act(gate), h = act(gate) * up (when non-NULL). */
+/* The same over one row (every operand contiguous, or one row) of at most
+ * kThreads x 2^31 steps: a step a thread, no loop and fewer parameters, so
+ * a decode-sized call's one pass starts its loads sooner (its time is the
+ * chain of a thread's instructions, kernel parameters read included). */
+template <typename T, typename Acc, int A, int V>
+__global__ void __launch_bounds__(kThreads) glu_fwd_row_kernel(int64_t steps, const T *gate, const T *up, T *y) {
+    const int64_t s = (int64_t)blockIdx.x * kThreads + threadIdx.x;
+    if (s < steps) fwd_step<T, Acc, A, V>(gate + s * V, up + s * V, y + s * V);
+}
+
 template <typename T, typename Acc, int A, int V, bool H>
 __global__ void __launch_bounds__(kThreads)
 glu_bwd_kernel(int64_t rows, int64_t steps, const T *dy, int64_t dys, const T *gate, int64_t gs, const T *up,
                int64_t us, T *dgate, int64_t dgs, T *dup, int64_t dus, T *h, int64_t hs) {
     for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
         for (int64_t s = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; s < steps;
-             s += (int64_t)gridDim.x * blockDim.x) {
-            const Chunk<T, V> d = load_chunk<T, V>(dy + r * dys + s * V);
-            const Chunk<T, V> g = load_chunk<T, V>(gate + r * gs + s * V);
-            const Chunk<T, V> u = load_chunk<T, V>(up + r * us + s * V);
-            Chunk<T, V> dg, du, hv;
-#pragma unroll
-            for (int k = 0; k < V; k++) {
-                Acc slope;
-                const Acc uv = to_acc(u.v[k]), dv = to_acc(d.v[k]);
-                const Acc v = act<A, T>(to_acc(g.v[k]), &slope);
-                dg.v[k] = from_acc<T>(dv * uv * slope);
-                du.v[k] = from_acc<T>(dv * v);
-                if (H) hv.v[k] = from_acc<T>(v * uv);
-            }
-            store_chunk<T, V>(dgate + r * dgs + s * V, dg);
-            store_chunk<T, V>(dup + r * dus + s * V, du);
-            if (H) store_chunk<T, V>(h + r * hs + s * V, hv);
-        }
+             s += (int64_t)gridDim.x * blockDim.x)
+            bwd_step<T, Acc, A, V, H>(dy + r * dys + s * V, gate + r * gs + s * V, up + r * us + s * V,
+                                      dgate + r * dgs + s * V, dup + r * dus + s * V, H ? h + r * hs + s * V : h);
+}
+
+template <typename T, typename Acc, int A, int V, bool H>
+__global__ void __launch_bounds__(kThreads)
+glu_bwd_row_kernel(int64_t steps, const T *dy, const T *gate, const T *up, T *dgate, T *dup, T *h) {
+    const int64_t s = (int64_t)blockIdx.x * kThreads + threadIdx.x;
+    if (s < steps)
+        bwd_step<T, Acc, A, V, H>(dy + s * V, gate + s * V, up + s * V, dgate + s * V, dup + s * V,
+                                  H ? h + s * V : h);
 }
 
 /* The operands of one call, and how the launch sees them. */
@@ -190,18 +220,39 @@ dim3 grid_of(int64_t rows, int64_t steps) {
     return dim3((unsigned)(x < max_x ? x : max_x), (unsigned)(rows < kMaxGridY ? rows : kMaxGridY));
 }
 
+/* a grid of one step a thread over one row, when the row plan fits */
+bool row_plan(const Shape &sh, int64_t steps) { return sh.rows == 1 && (steps + kThreads - 1) / kThreads <= 2147483647; }
+
+template <typename T, typename Acc, int A, int V>
+void fwd_launch_v(const Shape &sh, int64_t steps, const void *gate, int64_t gs, const void *up, int64_t us, void *y,
+                  int64_t ys, cudaStream_t stream) {
+    if (row_plan(sh, steps))
+        glu_fwd_row_kernel<T, Acc, A, V><<<(unsigned)((steps + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
+            steps, (const T *)gate, (const T *)up, (T *)y);
+    else
+        glu_fwd_kernel<T, Acc, A, V><<<grid_of(sh.rows, steps), kThreads, 0, stream>>>(
+            sh.rows, steps, (const T *)gate, gs, (const T *)up, us, (T *)y, ys);
+}
+
 template <typename T, typename Acc, int A>
 void fwd_launch(const Shape &sh, const void *gate, int64_t gs, const void *up, int64_t us, void *y, int64_t ys,
                 cudaStream_t stream) {
     constexpr int V = Pack<T>::VEC;
-    if (sh.vec) {
-        const int64_t steps = sh.n / V;
-        glu_fwd_kernel<T, Acc, A, V><<<grid_of(sh.rows, steps), kThreads, 0, stream>>>(
-            sh.rows, steps, (const T *)gate, gs, (const T *)up, us, (T *)y, ys);
-    } else {
-        glu_fwd_kernel<T, Acc, A, 1><<<grid_of(sh.rows, sh.n), kThreads, 0, stream>>>(
-            sh.rows, sh.n, (const T *)gate, gs, (const T *)up, us, (T *)y, ys);
-    }
+    if (sh.vec) fwd_launch_v<T, Acc, A, V>(sh, sh.n / V, gate, gs, up, us, y, ys, stream);
+    else fwd_launch_v<T, Acc, A, 1>(sh, sh.n, gate, gs, up, us, y, ys, stream);
+}
+
+template <typename T, typename Acc, int A, bool H, int V>
+void bwd_launch_v(const Shape &sh, int64_t steps, const void *dy, int64_t dys, const void *gate, int64_t gs,
+                  const void *up, int64_t us, void *dgate, int64_t dgs, void *dup, int64_t dus, void *h, int64_t hs,
+                  cudaStream_t stream) {
+    if (row_plan(sh, steps))
+        glu_bwd_row_kernel<T, Acc, A, V, H><<<(unsigned)((steps + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
+            steps, (const T *)dy, (const T *)gate, (const T *)up, (T *)dgate, (T *)dup, (T *)h);
+    else
+        glu_bwd_kernel<T, Acc, A, V, H><<<grid_of(sh.rows, steps), kThreads, 0, stream>>>(
+            sh.rows, steps, (const T *)dy, dys, (const T *)gate, gs, (const T *)up, us, (T *)dgate, dgs,
+            (T *)dup, dus, (T *)h, hs);
 }
 
 template <typename T, typename Acc, int A, bool H>
@@ -209,16 +260,10 @@ void bwd_launch(const Shape &sh, const void *dy, int64_t dys, const void *gate, 
                 int64_t us, void *dgate, int64_t dgs, void *dup, int64_t dus, void *h, int64_t hs,
                 cudaStream_t stream) {
     constexpr int V = Pack<T>::VEC;
-    if (sh.vec) {
-        const int64_t steps = sh.n / V;
-        glu_bwd_kernel<T, Acc, A, V, H><<<grid_of(sh.rows, steps), kThreads, 0, stream>>>(
-            sh.rows, steps, (const T *)dy, dys, (const T *)gate, gs, (const T *)up, us, (T *)dgate, dgs,
-            (T *)dup, dus, (T *)h, hs);
-    } else {
-        glu_bwd_kernel<T, Acc, A, 1, H><<<grid_of(sh.rows, sh.n), kThreads, 0, stream>>>(
-            sh.rows, sh.n, (const T *)dy, dys, (const T *)gate, gs, (const T *)up, us, (T *)dgate, dgs,
-            (T *)dup, dus, (T *)h, hs);
-    }
+    if (sh.vec)
+        bwd_launch_v<T, Acc, A, H, V>(sh, sh.n / V, dy, dys, gate, gs, up, us, dgate, dgs, dup, dus, h, hs, stream);
+    else
+        bwd_launch_v<T, Acc, A, H, 1>(sh, sh.n, dy, dys, gate, gs, up, us, dgate, dgs, dup, dus, h, hs, stream);
 }
 
 /* The one activation dispatch: f(std::integral_constant<int, A>{}). */

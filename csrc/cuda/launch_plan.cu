@@ -126,8 +126,7 @@ Resident resident_plan(int64_t steps, int min_threads, bool latency, int max_ite
     return Resident{iters, (int)t};
 }
 
-/* a tuning variable's value; the fallback when unset, not a number or out of [lo, hi] */
-static long tuning_env(const char *name, long fallback, long lo, long hi) {
+long tuning_env(const char *name, long fallback, long lo, long hi) {
     const char *v = getenv(name);
     char *end = nullptr;
     const long x = v && *v ? strtol(v, &end, 10) : fallback;

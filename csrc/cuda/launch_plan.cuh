@@ -39,6 +39,11 @@ struct Launch {
     const char *family; /* "resident", "staged"; for tests and notes */
 };
 
+/* A tuning variable's value: the fallback when unset, not a number or out
+ * of [lo, hi]. For plans read once so a benchmark can compare them in one
+ * build. */
+long tuning_env(const char *name, long fallback, long lo, long hi);
+
 /* The ring plans' tuning (row_slices.cuh, ring_launch), read once from the
  * environment so a benchmark can compare plans in one build:
  * OPSMITH_RING_STAGES (0: no ring plan; 1: one stage; 2, the default: up to

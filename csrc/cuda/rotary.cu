@@ -7,7 +7,9 @@
  * past the packs, one piece of the pass-through dims [rotary_dim, head_dim)
  * to copy. One thread an item over a flat grid, slot fastest, then group,
  * then row: a warp reads whole 128-byte segments, and the groups of one row
- * sit in one block, so their cos/sin reads hit the same lines.
+ * sit in one block, so their cos/sin reads hit the same lines. A short
+ * batch whose row's items fit one block takes a block a row instead, the
+ * item read off the thread and block indices (rotary_row_kernel).
  *
  * A thread issues every load of its item (cos/sin of the row, or of the
  * cache row position_ids names, and its heads' packs) before its
@@ -21,6 +23,7 @@
  * that reason. Pass-through dims are skipped in place. */
 #include "common.cuh"
 #include "internal/rotary.h"
+#include "launch_plan.cuh"
 
 namespace opsmith {
 namespace {
@@ -35,6 +38,7 @@ constexpr int kThreads = 128;
 constexpr int kMinBlocks = 4;
 /* below this many items at 8 heads a thread, 2 heads a thread (launch) */
 constexpr int64_t kSmallItems = 132 * 512;
+constexpr int64_t kMaxGridY = 65535;
 
 /* Heads a thread (16-byte kernel): rotate-half 8 (2 packs a head in
  * flight, 16 in all), 6 where 8 do not fit the register cap without
@@ -227,34 +231,50 @@ __device__ __forceinline__ void divmod(bool narrow, int64_t x, int64_t d, int64_
     }
 }
 
+/* One item: the rotation slot or the pass-through piece `slot` of heads
+ * h0.. of row (b, s). */
+template <typename T, typename C, typename Acc, bool HALF, int V, bool VEC, bool BWD, int H>
+__device__ __forceinline__ void item(const Args &a, int64_t b, int64_t s, int64_t slot, int h0) {
+    constexpr int W = (int)(16 / sizeof(T));
+    Row<T> row;
+    row.q = static_cast<const T *>(a.q) + b * a.vq.bs + s * a.vq.ss;
+    row.qo = static_cast<T *>(a.qo) + b * a.vqo.bs + s * a.vqo.ss;
+    row.k = a.hk ? static_cast<const T *>(a.k) + b * a.vk.bs + s * a.vk.ss : nullptr;
+    row.ko = a.hk ? static_cast<T *>(a.ko) + b * a.vko.bs + s * a.vko.ss : nullptr;
+    if (slot < a.packs) {
+        rotate_item<T, C, Acc, HALF, V, VEC, BWD, H>(a, row, b, s, slot, h0);
+        return;
+    }
+    const int64_t e = a.rotary_dim + (slot - a.packs) * a.cw;
+    if constexpr (VEC) {
+        if (a.cw == W) {
+            copy_item<T, W, true, H>(a, row, e, h0);
+            return;
+        }
+    }
+    copy_item<T, 1, false, H>(a, row, e, h0);
+}
+
 template <typename T, typename C, typename Acc, bool HALF, int V, bool VEC, bool BWD, int H>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) rotary_kernel(Args a) {
-    constexpr int W = (int)(16 / sizeof(T));
     const int64_t step = (int64_t)gridDim.x * blockDim.x;
     for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < a.items; t += step) {
         int64_t rg, slot, r, g, b, s;
         divmod(a.narrow, t, a.slots, rg, slot);
         divmod(a.narrow, rg, a.groups, r, g);
         divmod(a.narrow, r, a.seq, b, s);
-        Row<T> row;
-        row.q = static_cast<const T *>(a.q) + b * a.vq.bs + s * a.vq.ss;
-        row.qo = static_cast<T *>(a.qo) + b * a.vqo.bs + s * a.vqo.ss;
-        row.k = a.hk ? static_cast<const T *>(a.k) + b * a.vk.bs + s * a.vk.ss : nullptr;
-        row.ko = a.hk ? static_cast<T *>(a.ko) + b * a.vko.bs + s * a.vko.ss : nullptr;
-        const int h0 = (int)g * H;
-        if (slot < a.packs) {
-            rotate_item<T, C, Acc, HALF, V, VEC, BWD, H>(a, row, b, s, slot, h0);
-        } else {
-            const int64_t e = a.rotary_dim + (slot - a.packs) * a.cw;
-            if constexpr (VEC) {
-                if (a.cw == W) {
-                    copy_item<T, W, true, H>(a, row, e, h0);
-                    continue;
-                }
-            }
-            copy_item<T, 1, false, H>(a, row, e, h0);
-        }
+        item<T, C, Acc, HALF, V, VEC, BWD, H>(a, b, s, slot, (int)g * H);
     }
+}
+
+/* A short batch's plan: a block a row (b, s), its threads (slot, group of
+ * H heads) on the block's two dimensions, so no thread divides an index or
+ * loops: at decode sizes a thread's chain of dependent instructions is the
+ * kernel's time. */
+constexpr int kRowThreads = 512;
+template <typename T, typename C, typename Acc, bool HALF, int V, bool BWD, int H>
+__global__ void __launch_bounds__(kRowThreads) rotary_row_kernel(Args a) {
+    item<T, C, Acc, HALF, V, true, BWD, H>(a, blockIdx.y, blockIdx.x, threadIdx.x, (int)threadIdx.y * H);
 }
 
 bool fits(int64_t v, int64_t w) { return v % w == 0; }
@@ -276,6 +296,21 @@ void launch(Args a, bool vec, cudaStream_t stream) {
      * instruction chain is the time). */
     constexpr int HV = heads_a_thread<T, C, HALF, true>(), HS = heads_a_thread<T, C, HALF, false>();
     const bool small = vec && a.rows * ((heads + HV - 1) / HV) * a.slots < kSmallItems;
+    /* the row plan (OPSMITH_ROTARY_ROW_BLOCKS=0 turns it off, to compare):
+     * one head a thread where a row's items fit a block, else two */
+    static const bool row_blocks = tuning_env("OPSMITH_ROTARY_ROW_BLOCKS", 1, 0, 1) != 0;
+    const int64_t batch = a.rows / a.seq;
+    if (small && row_blocks && batch <= kMaxGridY && a.seq <= 2147483647 &&
+        a.slots * ((heads + 1) / 2) <= kRowThreads) {
+        const int per = a.slots * heads <= kRowThreads ? 1 : 2;
+        a.groups = (heads + per - 1) / per;
+        const dim3 grid((unsigned)a.seq, (unsigned)batch), block((unsigned)a.slots, (unsigned)a.groups);
+        if (per == 1)
+            rotary_row_kernel<T, C, Acc, HALF, VV, BWD, 1><<<grid, block, 0, stream>>>(a);
+        else
+            rotary_row_kernel<T, C, Acc, HALF, VV, BWD, 2><<<grid, block, 0, stream>>>(a);
+        return;
+    }
     const int64_t per = !vec ? HS : small ? 2 : HV;
     a.groups = (heads + per - 1) / per;
     a.items = a.rows * a.groups * a.slots;
