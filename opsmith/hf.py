@@ -39,8 +39,11 @@ Hugging Face class itself, so a model of that class built before takes the
 fused loss as well (its norms and MLPs stay as they were). Patching twice is
 harmless; the recompute options of a class patch hold for every model built
 from it. A patched model saves through state_dict() or save_pretrained() (its
-weights are the Hugging Face model's); pickling the whole object
-(torch.save(model)) is not supported.
+weights are the Hugging Face model's), and pickles whole (torch.save(model),
+copy.deepcopy): the copy computes through opsmith, in a process that never
+patched too. A model whose class was patched in place (the causal LM's
+forward, set on the Hugging Face class) pickles as that class, which
+computes through opsmith only where it is patched again.
 """
 import importlib
 import inspect
@@ -345,16 +348,55 @@ _FUSED_FORWARD = _tuple_aware(_causal_lm_forward)
 _SUBCLASSES: Dict[type, type] = {}
 
 
-def _opsmith_subclass(base: type, forward: Callable) -> type:
-    """One subclass per Hugging Face class, with opsmith's forward; a class
-    that is already one is returned as it is."""
+def _kind_forward(kind: str, base: type) -> Callable:
+    if kind == "decoder_layer":
+        return _decoder_layer_forward(base)
+    return {"llama_norm": _llama_rms_norm_forward, "gemma_norm": _gemma_rms_norm_forward, "mlp": _mlp_forward,
+            "causal_lm": _FUSED_FORWARD}[kind]
+
+
+def _opsmith_subclass(base: type, kind: str) -> type:
+    """One subclass per Hugging Face class, with the forward of `kind`
+    (llama_norm, gemma_norm, mlp, decoder_layer, causal_lm); a class that is
+    already one is returned as it is."""
     if getattr(base, "_opsmith_patched", False):
         return base
     if base not in _SUBCLASSES:
         _SUBCLASSES[base] = type(base.__name__, (base,), {
-            "forward": forward, "_opsmith_patched": True, "__module__": base.__module__,
+            "forward": _kind_forward(kind, base), "_opsmith_patched": True, "_opsmith_kind": kind,
+            "_opsmith_fused_loss": kind == "causal_lm", "__module__": base.__module__,
+            "__reduce_ex__": _reduce_patched,
             "__doc__": f"{base.__name__} computing through opsmith ({__name__})."})
     return _SUBCLASSES[base]
+
+
+# the options a class patch keeps on the subclass, an instance patch on the module
+_PATCH_OPTIONS = ("_opsmith_glu_recompute", "_opsmith_norm_recompute")
+
+
+def _reduce_patched(self, protocol):
+    """Pickling (torch.save(model), copy.deepcopy): the subclass is made at run
+    time and found under no importable name, so a patched module is rebuilt
+    from its Hugging Face class and kind, then given its state (the options a
+    class patch set on the subclass included): the copy computes through
+    opsmith in a process that never patched."""
+    cls = type(self)
+    state = dict(self.__getstate__())
+    for name in _PATCH_OPTIONS:
+        if name not in state and hasattr(cls, name):
+            state[name] = getattr(cls, name)
+    base = cls.__mro__[1]
+    # the Hugging Face class by name, not by object: after a class patch its
+    # module's name is the subclass, which pickle would refuse as not the same
+    return _rebuild_patched, (base.__module__, base.__qualname__, cls._opsmith_kind), state
+
+
+def _rebuild_patched(module: str, qualname: str, kind: str):
+    base = importlib.import_module(module)
+    for part in qualname.split("."):
+        base = getattr(base, part)
+    cls = _opsmith_subclass(_unpatched(base), kind)
+    return cls.__new__(cls)
 
 
 def _available(name: str) -> bool:
@@ -426,21 +468,20 @@ def _unpatched(cls: type) -> type:
 
 
 def _patched_layer(base: type) -> type:
-    return _opsmith_subclass(base, _decoder_layer_forward(base))
+    return _opsmith_subclass(base, "decoder_layer")
 
 
 def _patch_module_names(model_type: str, flags: Dict[str, bool]) -> None:
     module, norm_cls, mlp_cls, causal_cls, style = _classes(model_type)
     if flags["rms_norm"]:
-        forward = _gemma_rms_norm_forward if style == "gemma" else _llama_rms_norm_forward
-        setattr(module, norm_cls.__name__, _opsmith_subclass(norm_cls, forward))
+        setattr(module, norm_cls.__name__, _opsmith_subclass(norm_cls, f"{style}_norm"))
         layer_cls = _decoder_layer_class(model_type)
         if flags["norm_recompute"] or getattr(layer_cls, "_opsmith_patched", False):
             patched = _patched_layer(_unpatched(layer_cls))
             patched._opsmith_norm_recompute = flags["norm_recompute"]
             setattr(module, layer_cls.__name__, patched)
     if flags["glu"]:
-        patched = _opsmith_subclass(mlp_cls, _mlp_forward)
+        patched = _opsmith_subclass(mlp_cls, "mlp")
         patched._opsmith_glu_recompute = flags["glu_recompute"]
         setattr(module, mlp_cls.__name__, patched)
     if flags["rope"]:
@@ -458,12 +499,11 @@ def _patch_instance(model: torch.nn.Module, model_type: str, flags: Dict[str, bo
     module, norm_cls, mlp_cls, causal_cls, style = _classes(model_type)
     norm_base, mlp_base = _unpatched(norm_cls), _unpatched(mlp_cls)
     layer_base = _unpatched(_decoder_layer_class(model_type))
-    norm_forward = _gemma_rms_norm_forward if style == "gemma" else _llama_rms_norm_forward
     for sub in model.modules():
         if flags["rms_norm"] and type(sub) is norm_base:
-            sub.__class__ = _opsmith_subclass(norm_base, norm_forward)
+            sub.__class__ = _opsmith_subclass(norm_base, f"{style}_norm")
         elif flags["glu"] and type(sub) is mlp_base and _glu_activation(sub.act_fn) is not None:
-            sub.__class__ = _opsmith_subclass(mlp_base, _mlp_forward)
+            sub.__class__ = _opsmith_subclass(mlp_base, "mlp")
             sub._opsmith_glu_recompute = flags["glu_recompute"]
         elif flags["rms_norm"] and isinstance(sub, layer_base):
             if type(sub) is layer_base and flags["norm_recompute"]:
@@ -475,8 +515,7 @@ def _patch_instance(model: torch.nn.Module, model_type: str, flags: Dict[str, bo
         model.loss_function = causal_lm_loss
     if flags["fused_linear_cross_entropy"] and isinstance(model, causal_cls) and \
             not getattr(type(model), "_opsmith_fused_loss", False):
-        model.__class__ = _opsmith_subclass(type(model), _FUSED_FORWARD)
-        type(model)._opsmith_fused_loss = True
+        model.__class__ = _opsmith_subclass(type(model), "causal_lm")
 
 
 def patch(model_or_class=None, *, model_type: Optional[str] = None, rms_norm: bool = True,

@@ -523,3 +523,61 @@ def test_fused_loss_softcap_and_num_items(restore_modeling):
     with torch.no_grad():
         logits = model(input_ids=ids, labels=labels).logits
     assert logits is not None and logits.abs().max() <= 3.0
+
+
+def _module_options(model):
+    return [(name, type(m).__name__, getattr(m, "_opsmith_glu_recompute", None),
+             getattr(m, "_opsmith_norm_recompute", None)) for name, m in model.named_modules()]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("model_type", sorted(hf.SUPPORTED))
+def test_patched_model_pickles_whole(model_type, device, restore_modeling, tmp_path):
+    """torch.save(model) of a patched model (its classes made at run time)
+    loads back patched, with its recompute options, computing the same loss
+    and gradients; in a process that never patched too (a subprocess loads
+    the file and compares the logits)."""
+    ref = build(model_type, torch.float32, device)
+    model = hf.patch(copy.deepcopy(ref), glu_recompute=False, norm_recompute=True)
+    path = tmp_path / "model.pt"
+    torch.save(model, path)
+    back = torch.load(path, weights_only=False)
+    assert patched_count(back) == patched_count(model) > 0
+    assert _module_options(back) == _module_options(model)
+    ids, labels = batch(model, device)
+    logits, loss, grads = forward_backward(model, ids, labels)
+    logits_b, loss_b, grads_b = forward_backward(back, ids, labels)
+    assert torch.equal(logits_b, logits) and torch.equal(loss_b, loss)
+    assert grads_b.keys() == grads.keys()
+    for name in grads:
+        assert torch.equal(grads_b[name], grads[name]), name
+    if model_type != "llama" or device != "cpu":
+        return
+    torch.save((ids, logits), tmp_path / "expected.pt")
+    code = ("import sys, torch\n"
+            "m = torch.load(sys.argv[1], weights_only=False)\n"
+            "ids, logits = torch.load(sys.argv[2])\n"
+            "assert sum(1 for x in m.modules() if getattr(type(x), '_opsmith_patched', False)) > 0\n"
+            "assert 'opsmith.hf' in sys.modules  # loading imported it: nothing was patched by hand\n"
+            "with torch.no_grad():\n"
+            "    assert torch.equal(m(input_ids=ids).logits, logits)\n")
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    run = subprocess.run([sys.executable, "-c", code, str(path), str(tmp_path / "expected.pt")],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+
+
+def test_class_patched_model_pickles(restore_modeling, tmp_path):
+    """A model built after a class patch: its norms, MLPs and layers are the
+    patched subclasses, and load back as such."""
+    hf.patch_llama(norm_recompute=False, glu_recompute=True)
+    model = build("llama", torch.float32, "cpu")
+    torch.save(model, tmp_path / "model.pt")
+    back = torch.load(tmp_path / "model.pt", weights_only=False)
+    assert patched_count(back) == patched_count(model) > 0
+    assert _module_options(back) == _module_options(model)
+    ids, labels = batch(model, "cpu")
+    assert torch.equal(forward_backward(back, ids, labels)[1], forward_backward(model, ids, labels)[1])
