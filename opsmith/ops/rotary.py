@@ -179,50 +179,73 @@ for _name in ("rotary_fwd", "rotary_bwd", "rotary_"):
 
 # --- route A: pybind11 + torch.autograd.Function -------------------------------------
 
-from . import first_order_only, graph_anchors, route_a as _pybind
-
-PYBIND_DOUBLE_BACKWARD_ERROR = ("opsmith.pybind.apply_rotary: double backward is not supported on route A; "
-                                "opsmith.apply_rotary (route B) supports it")
+from . import route_a as _pybind
 
 
 class RotaryFunction(torch.autograd.Function):
+    """q, k -> rotated q, k. Linear in q and k, so every derivative is a
+    rotation: the backward is the transpose (_RotaryTranspose), whose own
+    backward is this Function again, to any order (as route B)."""
+
     @staticmethod
-    def forward(ctx, q, k, cos, sin, position_ids, interleaved, rotary_dim, layout, anchors=()):
+    def forward(ctx, q, k, cos, sin, position_ids, interleaved, rotary_dim, layout):
         if cos.requires_grad or sin.requires_grad:
             raise RuntimeError("rotary: cos and sin must not require grad (no gradient flows to them); "
                                "pass cos.detach(), sin.detach()")
         q_out, k_out = _pybind().rotary_fwd(q, k, cos, sin, position_ids, interleaved, rotary_dim, layout)
-        ctx.save_for_backward(cos, sin, position_ids)
-        # q and k are not saved: the anchors tie the backward's results to
-        # their graph (graph_anchors)
-        ctx.anchors = anchors
-        ctx.args = (interleaved, rotary_dim, layout)
-        ctx.has_k = k is not None
-        ctx.q_meta = (q.shape, q.dtype, q.device)
-        if k is None:
-            ctx.mark_non_differentiable(k_out)
-        return q_out, k_out
+        return _keep(ctx, q, k, cos, sin, position_ids, (interleaved, rotary_dim, layout), q_out, k_out)
 
     @staticmethod
-    @first_order_only(PYBIND_DOUBLE_BACKWARD_ERROR)
     def backward(ctx, dq_out, dk_out):
-        cos, sin, position_ids = ctx.saved_tensors
-        shape, dtype, device = ctx.q_meta
-        if dq_out is None:
-            dq_out = torch.zeros(shape, dtype=dtype, device=device)
-        dk = dk_out if ctx.has_k else None
-        dq, dkk = _pybind().rotary_bwd(dq_out, dk, cos, sin, position_ids, *ctx.args)
-        return dq, (dkk if ctx.has_k and dk_out is not None else None), None, None, None, None, None, None, None
+        return _through(ctx, _RotaryTranspose, dq_out, dk_out)
+
+
+class _RotaryTranspose(torch.autograd.Function):
+    """dq_out, dk_out -> dq, dk: the transpose of the rotation."""
+
+    @staticmethod
+    def forward(ctx, dq_out, dk_out, cos, sin, position_ids, interleaved, rotary_dim, layout):
+        dq, dk = _pybind().rotary_bwd(dq_out, dk_out, cos, sin, position_ids, interleaved, rotary_dim, layout)
+        return _keep(ctx, dq_out, dk_out, cos, sin, position_ids, (interleaved, rotary_dim, layout), dq, dk)
+
+    @staticmethod
+    def backward(ctx, ddq, ddk):
+        return _through(ctx, RotaryFunction, ddq, ddk)
+
+
+def _keep(ctx, a, b, cos, sin, position_ids, args, a_out, b_out):
+    """What either direction's backward needs: the tables, the options, and
+    a's shape for a missing incoming gradient."""
+    ctx.save_for_backward(cos, sin, position_ids)
+    ctx.set_materialize_grads(False)  # an unused output's gradient stays None, not zeros to rotate
+    ctx.args = args
+    ctx.has_b = b is not None
+    ctx.a_meta = (a.shape, a.dtype, a.device)
+    if b is None:
+        ctx.mark_non_differentiable(b_out)
+    return a_out, b_out
+
+
+def _through(ctx, fn, ga, gb):
+    """The gradients of a and b: the other direction applied to theirs."""
+    cos, sin, position_ids = ctx.saved_tensors
+    if ga is None and gb is None:
+        return (None,) * 8
+    if ga is None:
+        shape, dtype, device = ctx.a_meta
+        ga = torch.zeros(shape, dtype=dtype, device=device)
+    ra, rb = fn.apply(ga, gb if ctx.has_b else None, cos, sin, position_ids, *ctx.args)
+    return ra, (rb if ctx.has_b and gb is not None else None), None, None, None, None, None, None
 
 
 def _rotary_function(q, k, *args):
-    return RotaryFunction.apply(q, k, *args, graph_anchors(q, k))
+    return RotaryFunction.apply(q, k, *args)
 
 
 def apply_rotary_pybind(q, k, cos, sin, position_ids=None, *, interleaved=False, rotary_dim=None, layout="bhsd",
                         inplace=False):
-    """Route A twin of opsmith.apply_rotary (opsmith.pybind.apply_rotary): same bits.
-    First-order gradients only; not under torch.func transforms."""
+    """Route A twin of opsmith.apply_rotary (opsmith.pybind.apply_rotary): same bits,
+    gradients of any order; not under torch.func transforms."""
     if torch._C._are_functorch_transforms_active():
         raise RuntimeError("opsmith.pybind.apply_rotary: route A does not support torch.func transforms "
                            "(grad, vjp, jvp, vmap); use opsmith.apply_rotary")
@@ -238,8 +261,8 @@ def apply_rotary_pybind(q, k, cos, sin, position_ids=None, *, interleaved=False,
 
 def apply_rotary_pos_emb_pybind(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
     """Route A twin of opsmith.apply_rotary_pos_emb
-    (opsmith.pybind.apply_rotary_pos_emb): same bits. First-order gradients
-    only; not under torch.func transforms."""
+    (opsmith.pybind.apply_rotary_pos_emb): same bits, gradients of any
+    order; not under torch.func transforms."""
     if torch._C._are_functorch_transforms_active():
         raise RuntimeError("opsmith.pybind.apply_rotary_pos_emb: route A does not support torch.func transforms "
                            "(grad, vjp, jvp, vmap); use opsmith.apply_rotary_pos_emb")

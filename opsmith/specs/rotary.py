@@ -281,7 +281,7 @@ SPEC = OpSpec(
     # the op is linear in q and k: its backward is the same op transposed,
     # registered with autograd too, so every order of derivative works
     double_backward=SUPPORTED,
-    double_backward_pybind=r"^opsmith\.pybind\.apply_rotary: double backward is not supported",
+    double_backward_pybind=SUPPORTED,
     func_transforms={
         "grad": SUPPORTED,
         "vjp": SUPPORTED,
