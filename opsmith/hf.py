@@ -40,11 +40,14 @@ fused loss as well (its norms and MLPs stay as they were). Patching twice is
 harmless; the recompute options of a class patch hold for every model built
 from it. A patched model saves through state_dict() or save_pretrained() (its
 weights are the Hugging Face model's), and pickles whole (torch.save(model),
-copy.deepcopy): the copy computes through opsmith, in a process that never
-patched too. A model whose class was patched in place (the causal LM's
-forward, set on the Hugging Face class) pickles as that class, which
-computes through opsmith only where it is patched again.
+copy.deepcopy): its patched modules (norms, MLPs, decoder layers, an
+instance's fused-loss causal LM) load back patched, with their recompute
+options, in a process that never patched too. What a patch sets outside the
+model -- rotary's apply_rotary_pos_emb in the modeling module, a class
+patch's forward and loss on the Hugging Face class -- belongs to the process:
+patch again there for it.
 """
+import copyreg
 import importlib
 import inspect
 import threading
@@ -391,12 +394,36 @@ def _reduce_patched(self, protocol):
     return _rebuild_patched, (base.__module__, base.__qualname__, cls._opsmith_kind), state
 
 
-def _rebuild_patched(module: str, qualname: str, kind: str):
-    base = importlib.import_module(module)
+def _by_name(module: str, qualname: str) -> type:
+    obj = importlib.import_module(module)
     for part in qualname.split("."):
-        base = getattr(base, part)
-    cls = _opsmith_subclass(_unpatched(base), kind)
+        obj = getattr(obj, part)
+    return obj
+
+
+def _rebuild_patched(module: str, qualname: str, kind: str):
+    cls = _opsmith_subclass(_unpatched(_by_name(module, qualname)), kind)
     return cls.__new__(cls)
+
+
+def _reduce_unpatched(self):
+    """A plain instance of a class whose module-level name a class patch
+    rebound to its subclass (a model built before the patch): pickle would
+    find the subclass under the name and refuse it as not the same class."""
+    cls = type(self)
+    return _rebuild_unpatched, (cls.__module__, cls.__qualname__), self.__getstate__()
+
+
+def _rebuild_unpatched(module: str, qualname: str):
+    cls = _unpatched(_by_name(module, qualname))
+    return cls.__new__(cls)
+
+
+def _rebind(module, base: type, patched: type) -> None:
+    """The modeling module's name of base now gives patched (models built
+    afterwards use it); base's own instances still pickle."""
+    copyreg.pickle(base, _reduce_unpatched)
+    setattr(module, base.__name__, patched)
 
 
 def _available(name: str) -> bool:
@@ -474,16 +501,16 @@ def _patched_layer(base: type) -> type:
 def _patch_module_names(model_type: str, flags: Dict[str, bool]) -> None:
     module, norm_cls, mlp_cls, causal_cls, style = _classes(model_type)
     if flags["rms_norm"]:
-        setattr(module, norm_cls.__name__, _opsmith_subclass(norm_cls, f"{style}_norm"))
+        _rebind(module, _unpatched(norm_cls), _opsmith_subclass(norm_cls, f"{style}_norm"))
         layer_cls = _decoder_layer_class(model_type)
         if flags["norm_recompute"] or getattr(layer_cls, "_opsmith_patched", False):
             patched = _patched_layer(_unpatched(layer_cls))
             patched._opsmith_norm_recompute = flags["norm_recompute"]
-            setattr(module, layer_cls.__name__, patched)
+            _rebind(module, _unpatched(layer_cls), patched)
     if flags["glu"]:
         patched = _opsmith_subclass(mlp_cls, "mlp")
         patched._opsmith_glu_recompute = flags["glu_recompute"]
-        setattr(module, mlp_cls.__name__, patched)
+        _rebind(module, _unpatched(mlp_cls), patched)
     if flags["rope"]:
         setattr(module, "apply_rotary_pos_emb", opsmith.apply_rotary_pos_emb)
     if flags["cross_entropy"]:
@@ -502,7 +529,9 @@ def _patch_instance(model: torch.nn.Module, model_type: str, flags: Dict[str, bo
     for sub in model.modules():
         if flags["rms_norm"] and type(sub) is norm_base:
             sub.__class__ = _opsmith_subclass(norm_base, f"{style}_norm")
-        elif flags["glu"] and type(sub) is mlp_base and _glu_activation(sub.act_fn) is not None:
+        elif flags["glu"] and type(sub) in (mlp_base, _SUBCLASSES.get(mlp_base)) and \
+                _glu_activation(sub.act_fn) is not None:
+            # patched before: its recompute option as this call asks
             sub.__class__ = _opsmith_subclass(mlp_base, "mlp")
             sub._opsmith_glu_recompute = flags["glu_recompute"]
         elif flags["rms_norm"] and isinstance(sub, layer_base):

@@ -251,6 +251,23 @@ def test_recompute_no_grad_is_plain_forward():
     torch.testing.assert_close(y, GatedMLP.forward(m, x))
 
 
+@pytest.mark.parametrize("dy_requires_grad", [False, True])
+def test_recompute_double_backward_refused(dy_requires_grad):
+    """Differentiating the recompute mode's gradients raises, also through
+    torch.autograd.grad(..., inputs, allow_unused=True) (never None or zeros)."""
+    m = GatedMLP(8, 16, recompute=True).double()
+    x = torch.randn(4, 8, dtype=torch.float64, requires_grad=True)
+    xs = [x, *m.parameters()]
+    for allow_unused in (False, True):
+        y = m(x)
+        dy = torch.randn_like(y).requires_grad_(dy_requires_grad)
+        grads = torch.autograd.grad(y, xs, dy, create_graph=True)
+        assert all(g.requires_grad for g in grads)
+        with pytest.raises(RuntimeError, match=r"^opsmith\.nn\.GatedMLP\(recompute=True\).*double backward is not "
+                                               r"supported"):
+            torch.autograd.grad(sum(g.sum() for g in grads), xs, allow_unused=allow_unused)
+
+
 def test_recompute_function_gradcheck():
     gate = torch.randn(3, 5, dtype=torch.float64, requires_grad=True)
     up = torch.randn(3, 5, dtype=torch.float64, requires_grad=True)

@@ -7,9 +7,10 @@
  * strides; the packed form is two pointers into one buffer. When every
  * operand is contiguous the rows are one long row, so no block idles on a
  * row tail. Grid: x over a row's packs (one pack a thread), y over rows
- * (looping past 65535); one row takes a kernel without either loop. Each element is loaded before the same element is
- * stored by the same thread, and plain (coherent) loads are used, so an
- * output that is exactly an input (in place) is safe. */
+ * (looping past 65535); one row takes a kernel without either loop. Each
+ * element is loaded before the same element is stored by the same thread,
+ * and plain (coherent) loads are used, so an output that is exactly an
+ * input (in place) is safe. */
 #include <type_traits>
 
 #include "common.cuh"

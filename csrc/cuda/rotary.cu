@@ -101,7 +101,8 @@ struct Args {
     const int64_t *pos;
     int64_t pos_bs, pos_ss, max_pos;
     bool copy_q, copy_k; /* pass-through part to copy (not in place) */
-    /* the launch plan: items = rows x groups x slots */
+    /* the launch plan: items = rows x groups x slots (items and narrow:
+     * the flat plans only) */
     int64_t packs;  /* rotation slots a head */
     int64_t slots;  /* packs + copy slots */
     int64_t groups; /* ceil((hq + hk) / heads a thread) */

@@ -90,8 +90,8 @@ def apply_rotary(q: torch.Tensor, k: Optional[torch.Tensor], cos: torch.Tensor, 
 
     inplace=True rotates q and k in place (schema ``Tensor(a!)``) and returns
     them; it does not take part in autograd (raises when an input requires
-    grad). Out of place, gradients flow to q and k (not to cos/sin, which must
-    not require grad); double backward and forward-mode AD raise."""
+    grad). Out of place, gradients of any order flow to q and k (not to
+    cos/sin, which must not require grad); forward-mode AD raises."""
     _check_layout(layout)
     if inplace:
         _inplace(q, k, cos, sin, position_ids, interleaved, rotary_dim, layout)

@@ -446,10 +446,14 @@ HARNESS_GROUP(test_rotary) {
         {2, 3, 40, 0, 128, 128, LAYOUT_BHSD, CS_PER_ROW, 0},  {1, 5, 17, 3, 128, 128, LAYOUT_BSHD, CS_CACHE, 0},
         {4, 1, 32, 8, 64, 64, LAYOUT_FUSED, CS_SHARED, 0},    {1, 3, 2, 1, 256, 256, LAYOUT_PAD8, CS_CACHE, 0},
         {2, 13, 8, 8, 256, 192, LAYOUT_BHSD, CS_SHARED, 0},   {1, 6, 4, 2, 80, 16, LAYOUT_PAD8, CS_PER_ROW, 0},
-        /* a short batch's row plan (a block a row) at two heads a thread (64 + 8
-         * heads of 8 packs pass its 512 threads at one), and a row too wide
-         * for that plan's block (2048-wide heads): the flat 2-head launch */
+        /* a short batch's row plan (a block a row) at two heads a thread where
+         * one a thread passes its 512 threads (16-bit rotate-half: 8 packs x
+         * 72 heads; 73 leave a partial 2-head group; 64-wide heads at 72:
+         * interleaved's 8 packs a head, rotate-half's 4 at one head a
+         * thread), and a row too wide for that plan's block (2048-wide
+         * heads): the flat 2-head launch */
         {2, 3, 64, 8, 128, 128, LAYOUT_BHSD, CS_CACHE, 0},   {1, 3, 8, 2, 2048, 2048, LAYOUT_BSHD, CS_PER_ROW, 0},
+        {2, 3, 65, 8, 128, 128, LAYOUT_BSHD, CS_PER_ROW, 0}, {1, 2, 64, 8, 64, 64, LAYOUT_BSHD, CS_SHARED, 0},
         /* past 132 x 512 items: the 16-byte kernel's wide launch (rotate-half
          * 8 heads a thread, 6 with float32 cos/sin for 16-bit x; interleaved
          * 16, or 8); everything above is small enough for the short-batch plans;
