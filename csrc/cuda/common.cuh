@@ -33,6 +33,9 @@
 
 namespace opsmith {
 
+/* the largest grid y (and z) dimension a launch may have */
+constexpr int64_t kMaxGridY = 65535;
+
 /* Programmatic dependent launch (sm_90). A kernel that calls
  * let_next_launch_start lets the next launch of the stream, when that one
  * was launched with launch_after (below), start its blocks now;

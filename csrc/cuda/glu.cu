@@ -20,7 +20,6 @@ namespace opsmith {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int64_t kMaxGridY = 65535;
 
 /* act(g) with its slope, in the accumulate type. */
 template <int A> struct Act;

@@ -38,7 +38,6 @@ constexpr int kThreads = 128;
 constexpr int kMinBlocks = 4;
 /* below this many items at 8 heads a thread, 2 heads a thread (launch) */
 constexpr int64_t kSmallItems = 132 * 512;
-constexpr int64_t kMaxGridY = 65535;
 
 /* Heads a thread (16-byte kernel): rotate-half 8 (2 packs a head in
  * flight, 16 in all), 6 where 8 do not fit the register cap without

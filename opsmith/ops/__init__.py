@@ -130,6 +130,12 @@ def graph_anchors(*tensors) -> list:
     return [_Anchor.apply(*needed)]
 
 
+def pybind_double_backward_error(name: str, alternative: str) -> str:
+    """Route A's refusal of double backward for opsmith.pybind.<name>."""
+    return (f"opsmith.pybind.{name}: double backward is not supported (route A's backward is not "
+            f"differentiable); compute higher-order gradients with {alternative}")
+
+
 def first_order_only(message):
     """Decorates a route A Function's backward (under @staticmethod) whose
     result is not differentiable. With create_graph=True, the gradients come
@@ -145,10 +151,10 @@ def first_order_only(message):
     def decorate(backward):
         @functools.wraps(backward)
         def wrapper(ctx, *grads):
+            if not torch.is_grad_enabled():  # no create_graph: the backward as it is
+                return backward(ctx, *grads)
             with torch.no_grad():
                 outputs = backward(ctx, *grads)
-            if not torch.is_grad_enabled():  # no create_graph: nothing more to do
-                return outputs
             sources = [g for g in grads if isinstance(g, torch.Tensor) and g.requires_grad]
             sources += [t for t in ctx.saved_tensors if t is not None and t.requires_grad]
             sources += getattr(ctx, "anchors", [])

@@ -14,7 +14,7 @@ import torch
 
 from . import register_fake
 from .. import _library  # noqa: F401  (loads the library: torch.ops.opsmith.* exists after this)
-from . import first_order_only, graph_anchors, route_a
+from . import first_order_only, graph_anchors, pybind_double_backward_error, route_a
 
 _fwd = torch.ops.opsmith.cross_entropy_fwd.default
 _fwd_inplace = torch.ops.opsmith.cross_entropy_fwd_.default
@@ -194,9 +194,7 @@ for _name in ("cross_entropy_fwd", "cross_entropy_fwd_", "cross_entropy_bwd"):
 
 # --- route A: pybind11 + torch.autograd.Function -------------------------------------
 
-PYBIND_DOUBLE_BACKWARD_ERROR = ("opsmith.pybind.cross_entropy: double backward is not supported (route A's "
-                                "backward is not differentiable); compute higher-order gradients with "
-                                "torch.nn.functional.cross_entropy")
+PYBIND_DOUBLE_BACKWARD_ERROR = pybind_double_backward_error("cross_entropy", "torch.nn.functional.cross_entropy")
 
 
 class CrossEntropyFunction(torch.autograd.Function):

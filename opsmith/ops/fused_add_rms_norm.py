@@ -147,11 +147,10 @@ _sharding.row_local(_fwd, _bwd, fwd_tensor_args=3, fwd_outputs=3, fwd_row_args=2
                     bwd_row_args=(0, 1, 2, 4), bwd_param_args=(3,), bwd_outputs_row=1, bwd_outputs_param=1)
 
 
-from . import first_order_only, route_a as _pybind
+from . import first_order_only, pybind_double_backward_error, route_a as _pybind
 
-PYBIND_DOUBLE_BACKWARD_ERROR = ("opsmith.pybind.fused_add_rms_norm: double backward is not supported (route A's "
-                                "backward is not differentiable); compute higher-order gradients with "
-                                "x + residual and torch.nn.functional.rms_norm")
+PYBIND_DOUBLE_BACKWARD_ERROR = pybind_double_backward_error(
+    "fused_add_rms_norm", "x + residual and torch.nn.functional.rms_norm")
 
 
 class FusedAddRMSNormFunction(torch.autograd.Function):

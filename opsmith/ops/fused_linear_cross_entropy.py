@@ -15,7 +15,7 @@ import torch
 
 from . import register_fake
 from .. import _library  # noqa: F401  (loads the library: torch.ops.opsmith.* exists after this)
-from . import first_order_only, graph_anchors, route_a
+from . import first_order_only, graph_anchors, pybind_double_backward_error, route_a
 from .cross_entropy import _options_repr, _softcap, _validate
 
 _fwd = torch.ops.opsmith.fused_linear_cross_entropy_fwd.default
@@ -137,9 +137,8 @@ def _refuse_vmap(*args, **kwargs):
 
 # --- route A: pybind11 + torch.autograd.Function -------------------------------------
 
-PYBIND_DOUBLE_BACKWARD_ERROR = ("opsmith.pybind.fused_linear_cross_entropy: double backward is not supported "
-                                "(route A's backward is not differentiable); compute higher-order gradients with "
-                                "torch.nn.functional.linear and cross_entropy")
+PYBIND_DOUBLE_BACKWARD_ERROR = pybind_double_backward_error(
+    "fused_linear_cross_entropy", "torch.nn.functional.linear and cross_entropy")
 
 
 class FusedLinearCrossEntropyFunction(torch.autograd.Function):

@@ -13,7 +13,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from . import first_order_only, register_fake
+from . import first_order_only, pybind_double_backward_error, register_fake
 from .. import _library  # noqa: F401  (loads the library: torch.ops.opsmith.* exists after this)
 from . import _vmap
 
@@ -112,9 +112,7 @@ _TORCH_GLU = {"silu": "torch.nn.functional.silu(gate) * up", "gelu": "torch.nn.f
               "gelu_tanh": "torch.nn.functional.gelu(gate, approximate='tanh') * up"}
 # per activation: the name the user called (opsmith.pybind.swiglu or geglu)
 PYBIND_DOUBLE_BACKWARD_ERROR = {
-    activation: (f"opsmith.pybind.{'swiglu' if activation == 'silu' else 'geglu'}: double backward is not "
-                 f"supported (route A's backward is not differentiable); compute higher-order gradients with "
-                 f"{formula}")
+    activation: pybind_double_backward_error("swiglu" if activation == "silu" else "geglu", formula)
     for activation, formula in _TORCH_GLU.items()
 }
 

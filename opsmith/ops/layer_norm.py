@@ -112,11 +112,9 @@ _sharding.row_local(_layer_norm_fwd, _layer_norm_bwd, fwd_tensor_args=3, fwd_out
 
 # --- route A: pybind11 + torch.autograd.Function -------------------------------------
 
-from . import first_order_only, route_a as _pybind
+from . import first_order_only, pybind_double_backward_error, route_a as _pybind
 
-PYBIND_DOUBLE_BACKWARD_ERROR = ("opsmith.pybind.layer_norm: double backward is not supported (route A's backward "
-                                "is not differentiable); compute higher-order gradients with "
-                                "torch.nn.functional.layer_norm")
+PYBIND_DOUBLE_BACKWARD_ERROR = pybind_double_backward_error("layer_norm", "torch.nn.functional.layer_norm")
 
 
 class LayerNormFunction(torch.autograd.Function):

@@ -159,11 +159,9 @@ _sharding.row_local(_rms_norm_fwd, _rms_norm_bwd, fwd_tensor_args=2, fwd_outputs
 
 # --- route A: pybind11 + torch.autograd.Function -------------------------------------
 
-from . import first_order_only, route_a as _pybind
+from . import first_order_only, pybind_double_backward_error, route_a as _pybind
 
-PYBIND_DOUBLE_BACKWARD_ERROR = ("opsmith.pybind.rms_norm: double backward is not supported (route A's backward "
-                                "is not differentiable); compute higher-order gradients with "
-                                "torch.nn.functional.rms_norm")
+PYBIND_DOUBLE_BACKWARD_ERROR = pybind_double_backward_error("rms_norm", "torch.nn.functional.rms_norm")
 
 
 class RMSNormFunction(torch.autograd.Function):

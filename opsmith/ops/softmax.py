@@ -11,7 +11,7 @@ import torch
 
 from . import register_fake
 from .. import _library  # noqa: F401  (loads the library: torch.ops.opsmith.* exists after this)
-from . import first_order_only, route_a
+from . import first_order_only, pybind_double_backward_error, route_a
 
 _softmax_fwd = torch.ops.opsmith.softmax_fwd.default
 _softmax_bwd = torch.ops.opsmith.softmax_bwd.default
@@ -88,8 +88,7 @@ def _softmax_bwd_vmap(info, in_dims, dy, y, log=False):
 # --- route A: pybind11 + torch.autograd.Function -------------------------------------
 
 PYBIND_DOUBLE_BACKWARD_ERROR = {
-    log: (f"opsmith.pybind.{name}: double backward is not supported (route A's backward is not differentiable); "
-          f"compute higher-order gradients with torch.{name}")
+    log: pybind_double_backward_error(name, f"torch.{name}")
     for log, name in ((False, "softmax"), (True, "log_softmax"))
 }
 
