@@ -286,11 +286,24 @@ layer_norm_fwd_resident_kernel(int64_t rows, int64_t n, const T *__restrict__ x,
             f(it, i < steps ? i : (int64_t)0);
         }
     };
+    /* kept as loaded (whole 16-byte packs) and converted in the row loop
+     * once the row's loads are issued: converted here, the conversion
+     * waited for these loads before the first x load was issued (two round
+     * trips a row). A float weight beside double x (8 bytes a pack) is
+     * converted as loaded. */
+    constexpr bool kRaw = S * sizeof(W) % 16 == 0;
+    using Raw = Elems<W, kRaw ? S : (int)(16 / sizeof(W))>;
+    Raw wr[kParamsEarly ? ITERS : 1], br[kParamsEarly ? ITERS : 1];
     A wv[kParamsEarly ? ITERS : 1][S], bv[kParamsEarly ? ITERS : 1][S];
     if constexpr (kParamsEarly) {
         load_packs([&](int it, int64_t i) {
-            if (w) load_param<W, A, S, true, true>(w + i * S, wv[it]);
-            if (b) load_param<W, A, S, true, true>(b + i * S, bv[it]);
+            if constexpr (kRaw) {
+                if (w) wr[it] = load_elems<W, S, true>(w + i * S);
+                if (b) br[it] = load_elems<W, S, true>(b + i * S);
+            } else {
+                if (w) load_param<W, A, S, true, true>(w + i * S, wv[it]);
+                if (b) load_param<W, A, S, true, true>(b + i * S, bv[it]);
+            }
         });
     }
     /* whether the thread's pack it is inside the row (the sums below take
@@ -302,6 +315,21 @@ layer_norm_fwd_resident_kernel(int64_t rows, int64_t n, const T *__restrict__ x,
         const T *xr = x + r * xs;
         Pack<T> xp[ITERS];
         load_packs([&](int it, int64_t i) { xp[it] = load_pack_here(xr + i * S); });
+        if constexpr (kParamsEarly && kRaw) {
+#pragma unroll
+            for (int it = 0; it < ITERS; it++) {
+                if (w) {
+                    opaque(wr[it]);
+#pragma unroll
+                    for (int k = 0; k < S; k++) wv[it][k] = (A)to_acc(wr[it].v[k]);
+                }
+                if (b) {
+                    opaque(br[it]);
+#pragma unroll
+                    for (int k = 0; k < S; k++) bv[it][k] = (A)to_acc(br[it].v[k]);
+                }
+            }
+        }
         A sum = 0;
 #pragma unroll
         for (int it = 0; it < ITERS; it++) {

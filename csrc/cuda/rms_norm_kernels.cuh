@@ -247,6 +247,15 @@ rms_norm_fwd_resident_kernel(int64_t rows, int64_t n, const T *__restrict__ x, i
                 xp[it] = load_pack_here(xr + i * S);
                 if constexpr (ADD) rp[it] = load_pack_here(add.r + r * add.rs + i * S);
             });
+            /* the early weight is used only after this row's loads are
+             * issued: left loop-invariant, its conversion (offset + w) was
+             * hoisted above the row loop, where it waited for the weight's
+             * load before the first x load was issued (two round trips a
+             * row) */
+            if constexpr (HW && kWeightEarly) {
+#pragma unroll
+                for (int it = 0; it < ITERS; it++) opaque(wp[it]);
+            }
             /* the sum with no branch a pack either (a pack past the row's end
              * counts zero): behind one, a pack's load was issued after the
              * previous pack's sum had waited for its own */
