@@ -290,7 +290,7 @@ layer_norm_fwd_resident_kernel(int64_t rows, int64_t n, const T *__restrict__ x,
      * once the row's loads are issued: converted here, the conversion
      * waited for these loads before the first x load was issued (two round
      * trips a row). A float weight beside double x (8 bytes a pack) is
-     * converted as loaded. */
+     * converted as loaded (wr, br unused). */
     constexpr bool kRaw = S * sizeof(W) % 16 == 0;
     using Raw = Elems<W, kRaw ? S : (int)(16 / sizeof(W))>;
     Raw wr[kParamsEarly ? ITERS : 1], br[kParamsEarly ? ITERS : 1];
