@@ -85,14 +85,16 @@ template <typename U, int N, bool VEC> __device__ __forceinline__ void store_val
     }
 }
 
-struct View {
-    int64_t bs, ss, hs;
+template <typename I> struct View {
+    I bs, ss, hs;
 };
 
+/* The flat plans' arguments: 64-bit offsets. */
 struct Args {
+    using Index = int64_t;
     const void *q, *k;
     void *qo, *ko;
-    View vq, vqo, vk, vko;
+    View<int64_t> vq, vqo, vk, vko;
     int hq, hk;
     int64_t seq, rows, head_dim, rotary_dim;
     const void *cos, *sin;
@@ -110,32 +112,57 @@ struct Args {
     bool narrow;    /* items < 2^32: index arithmetic in 32 bits */
 };
 
+/* The row plan's arguments (a short batch: every offset fits 32 bits):
+ * what a rotation reads first fills the first 128 bytes, two constant-cache
+ * lines. At decode sizes a thread's chain is the kernel's time, and each
+ * further line of the 264-byte Args it touched was one more miss before its
+ * loads (bench/NOTES.md, rotary at decode). */
+struct RowArgs {
+    using Index = int32_t;
+    const void *q, *k;
+    void *qo, *ko;
+    const void *cos, *sin;
+    const int64_t *pos;
+    View<int32_t> vq, vqo, vk, vko;
+    int32_t cs_bs, cs_ss;
+    int32_t hq, hk;
+    int32_t rotary_dim, packs;
+    /* position_ids and the pass-through copy only */
+    int32_t pos_bs, pos_ss;
+    int64_t max_pos;
+    int32_t cw;
+    bool copy_q, copy_k;
+};
+static_assert(offsetof(RowArgs, pos_bs) == 128, "a rotation without position_ids reads the first 128 bytes");
+
 /* The first element of head h (q heads, then k heads) of row (b, s), in
  * and out. */
 template <typename T> struct Row {
     const T *q, *k;
     T *qo, *ko;
-    __device__ __forceinline__ const T *in(const Args &a, int h) const {
+    template <typename A> __device__ __forceinline__ const T *in(const A &a, int h) const {
         return h < a.hq ? q + h * a.vq.hs : k + (h - a.hq) * a.vk.hs;
     }
-    __device__ __forceinline__ T *out(const Args &a, int h) const {
+    template <typename A> __device__ __forceinline__ T *out(const A &a, int h) const {
         return h < a.hq ? qo + h * a.vqo.hs : ko + (h - a.hq) * a.vko.hs;
     }
-    __device__ __forceinline__ bool copies(const Args &a, int h) const { return h < a.hq ? a.copy_q : a.copy_k; }
+    template <typename A> __device__ __forceinline__ bool copies(const A &a, int h) const { return h < a.hq ? a.copy_q : a.copy_k; }
 };
 
-template <typename T, typename C, typename Acc, bool HALF, int V, bool VEC, bool BWD, int kHeads>
-__device__ __forceinline__ void rotate_item(const Args &a, const Row<T> &row, int64_t b, int64_t s, int64_t pk,
-                                            int h0) {
+/* POS: position_ids may be given (checked at run time); without it no
+ * position load, no NaN selects for a position out of range. */
+template <typename T, typename C, typename Acc, bool HALF, int V, bool VEC, bool BWD, int kHeads, bool POS,
+          typename A, typename I = typename A::Index>
+__device__ __forceinline__ void rotate_item(const A &a, const Row<T> &row, I b, I s, I pk, int h0) {
     const int heads = a.hq + a.hk;
-    const int64_t half = a.rotary_dim / 2;
-    const int64_t ea = pk * V, eb = HALF ? half + pk * V : pk * V;
-    int64_t cs_off;
+    const I half = a.rotary_dim / 2;
+    const I ea = pk * V, eb = HALF ? half + pk * V : pk * V;
+    I cs_off;
     bool bad = false;
-    if (a.pos) {
+    if (POS && a.pos) {
         const int64_t p = __ldg(a.pos + b * a.pos_bs + s * a.pos_ss);
         bad = p < 0 || p >= a.max_pos;
-        cs_off = bad ? 0 : p * a.cs_ss;
+        cs_off = bad ? 0 : (I)p * a.cs_ss;
     } else {
         cs_off = b * a.cs_bs + s * a.cs_ss;
     }
@@ -209,8 +236,8 @@ __device__ __forceinline__ void rotate_item(const Args &a, const Row<T> &row, in
 
 /* W elements at dim e of each of the item's heads copied unchanged (the
  * pass-through dims), loads first. */
-template <typename T, int W, bool VEC, int kHeads>
-__device__ __forceinline__ void copy_item(const Args &a, const Row<T> &row, int64_t e, int h0) {
+template <typename T, int W, bool VEC, int kHeads, typename A, typename I = typename A::Index>
+__device__ __forceinline__ void copy_item(const A &a, const Row<T> &row, I e, int h0) {
     const int heads = a.hq + a.hk;
     Vals<T, W, VEC> x[kHeads];
 #pragma unroll
@@ -233,8 +260,9 @@ __device__ __forceinline__ void divmod(bool narrow, int64_t x, int64_t d, int64_
 
 /* One item: the rotation slot or the pass-through piece `slot` of heads
  * h0.. of row (b, s). */
-template <typename T, typename C, typename Acc, bool HALF, int V, bool VEC, bool BWD, int H>
-__device__ __forceinline__ void item(const Args &a, int64_t b, int64_t s, int64_t slot, int h0) {
+template <typename T, typename C, typename Acc, bool HALF, int V, bool VEC, bool BWD, int H, bool POS = true,
+          typename A, typename I = typename A::Index>
+__device__ __forceinline__ void item(const A &a, I b, I s, I slot, int h0) {
     constexpr int W = (int)(16 / sizeof(T));
     Row<T> row;
     row.q = static_cast<const T *>(a.q) + b * a.vq.bs + s * a.vq.ss;
@@ -242,10 +270,10 @@ __device__ __forceinline__ void item(const Args &a, int64_t b, int64_t s, int64_
     row.k = a.hk ? static_cast<const T *>(a.k) + b * a.vk.bs + s * a.vk.ss : nullptr;
     row.ko = a.hk ? static_cast<T *>(a.ko) + b * a.vko.bs + s * a.vko.ss : nullptr;
     if (slot < a.packs) {
-        rotate_item<T, C, Acc, HALF, V, VEC, BWD, H>(a, row, b, s, slot, h0);
+        rotate_item<T, C, Acc, HALF, V, VEC, BWD, H, POS>(a, row, b, s, slot, h0);
         return;
     }
-    const int64_t e = a.rotary_dim + (slot - a.packs) * a.cw;
+    const I e = a.rotary_dim + (slot - a.packs) * a.cw;
     if constexpr (VEC) {
         if (a.cw == W) {
             copy_item<T, W, true, H>(a, row, e, h0);
@@ -273,11 +301,47 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) rotary_kernel(Args a) {
  * kernel's time. */
 constexpr int kRowThreads = 512;
 template <typename T, typename C, typename Acc, bool HALF, int V, bool BWD, int H>
-__global__ void __launch_bounds__(kRowThreads) rotary_row_kernel(Args a) {
-    item<T, C, Acc, HALF, V, true, BWD, H>(a, blockIdx.y, blockIdx.x, threadIdx.x, (int)threadIdx.y * H);
+__global__ void __launch_bounds__(kRowThreads) rotary_row_kernel(RowArgs a) {
+    if (a.pos)
+        item<T, C, Acc, HALF, V, true, BWD, H, true>(a, (int)blockIdx.y, (int)blockIdx.x, (int)threadIdx.x,
+                                                     (int)threadIdx.y * H);
+    else
+        item<T, C, Acc, HALF, V, true, BWD, H, false>(a, (int)blockIdx.y, (int)blockIdx.x, (int)threadIdx.x,
+                                                      (int)threadIdx.y * H);
 }
 
 bool fits(int64_t v, int64_t w) { return v % w == 0; }
+
+int64_t span(int64_t batch, int64_t seq, int64_t heads, const View<int64_t> &v, int64_t width) {
+    auto mag = [](int64_t x) { return x < 0 ? -x : x; };
+    return (batch - 1) * mag(v.bs) + (seq - 1) * mag(v.ss) + (heads - 1) * mag(v.hs) + width;
+}
+
+/* The row plan's 32-bit arguments, or false where an offset the kernel
+ * forms (row, head, element of q, k, their outputs, cos/sin, position_ids)
+ * could pass 2^31 - 1: the flat plan takes that call. */
+bool row_args(const Args &a, int64_t batch, RowArgs &r) {
+    constexpr int64_t lim = INT32_MAX;
+    const int64_t cs = a.pos ? (a.max_pos - 1) * (a.cs_ss < 0 ? -a.cs_ss : a.cs_ss) + a.rotary_dim
+                             : span(batch, a.seq, 1, {a.cs_bs, a.cs_ss, 0}, a.rotary_dim);
+    if (cs > lim || span(batch, a.seq, a.hq, a.vq, a.head_dim) > lim ||
+        span(batch, a.seq, a.hq, a.vqo, a.head_dim) > lim ||
+        (a.hk && (span(batch, a.seq, a.hk, a.vk, a.head_dim) > lim ||
+                  span(batch, a.seq, a.hk, a.vko, a.head_dim) > lim)) ||
+        (a.pos && span(batch, a.seq, 1, {a.pos_bs, a.pos_ss, 0}, 1) > lim))
+        return false;
+    auto view = [](const View<int64_t> &v) { return View<int32_t>{(int32_t)v.bs, (int32_t)v.ss, (int32_t)v.hs}; };
+    r.q = a.q, r.k = a.k, r.qo = a.qo, r.ko = a.ko, r.cos = a.cos, r.sin = a.sin, r.pos = a.pos;
+    r.vq = view(a.vq), r.vqo = view(a.vqo), r.vk = view(a.vk), r.vko = view(a.vko);
+    r.cs_bs = (int32_t)a.cs_bs, r.cs_ss = (int32_t)a.cs_ss;
+    r.hq = a.hq, r.hk = a.hk;
+    r.rotary_dim = (int32_t)a.rotary_dim, r.packs = (int32_t)a.packs;
+    r.pos_bs = a.pos ? (int32_t)a.pos_bs : 0, r.pos_ss = a.pos ? (int32_t)a.pos_ss : 0;
+    r.max_pos = a.max_pos;
+    r.cw = (int32_t)a.cw;
+    r.copy_q = a.copy_q, r.copy_k = a.copy_k;
+    return true;
+}
 
 template <typename T, typename C, typename Acc, bool HALF, bool BWD>
 void launch(Args a, bool vec, cudaStream_t stream) {
@@ -300,15 +364,16 @@ void launch(Args a, bool vec, cudaStream_t stream) {
      * one head a thread where a row's items fit a block, else two */
     static const bool row_blocks = tuning_env("OPSMITH_ROTARY_ROW_BLOCKS", 1, 0, 1) != 0;
     const int64_t batch = a.rows / a.seq;
+    RowArgs r;
     if (small && row_blocks && batch <= kMaxGridY && a.seq <= 2147483647 &&
-        a.slots * ((heads + 1) / 2) <= kRowThreads) {
+        a.slots * ((heads + 1) / 2) <= kRowThreads && row_args(a, batch, r)) {
         const int per = a.slots * heads <= kRowThreads ? 1 : 2;
-        a.groups = (heads + per - 1) / per;
-        const dim3 grid((unsigned)a.seq, (unsigned)batch), block((unsigned)a.slots, (unsigned)a.groups);
+        const dim3 grid((unsigned)a.seq, (unsigned)batch),
+            block((unsigned)a.slots, (unsigned)((heads + per - 1) / per));
         if (per == 1)
-            rotary_row_kernel<T, C, Acc, HALF, VV, BWD, 1><<<grid, block, 0, stream>>>(a);
+            rotary_row_kernel<T, C, Acc, HALF, VV, BWD, 1><<<grid, block, 0, stream>>>(r);
         else
-            rotary_row_kernel<T, C, Acc, HALF, VV, BWD, 2><<<grid, block, 0, stream>>>(a);
+            rotary_row_kernel<T, C, Acc, HALF, VV, BWD, 2><<<grid, block, 0, stream>>>(r);
         return;
     }
     const int64_t per = !vec ? HS : small ? 2 : HV;
