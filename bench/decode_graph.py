@@ -23,7 +23,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, os.getcwd())
-from opsmith.bench import capture_graph, provider_call  # noqa: E402
+from opsmith.bench import capture_graph, provider_step  # noqa: E402
 
 NORM_SHAPES = [(1, 4096), (16, 4096), (64, 4096), (1, 8192), (16, 8192)]
 # (rows, n) as each op's bench spec reads them: rotary's rows are batch 4 x
@@ -94,14 +94,7 @@ def main():
                 head = {"op": op, "dir": "fwd+bwd" if args.backward else "fwd", "rows": rows, "n": n,
                         "provider": prov}
                 try:
-                    fn, inputs, dy = provider_call(op, prov, rows, n, torch.bfloat16, dev, backward=args.backward)
-                    if args.backward:
-                        def step():
-                            torch.autograd.grad(fn(**inputs), list(inputs.values()), dy, allow_unused=True)
-                    else:
-                        def step():
-                            with torch.no_grad():
-                                fn(**inputs)
+                    step = provider_step(op, prov, rows, n, torch.bfloat16, dev, backward=args.backward)
                     step()
                     g = capture_graph(step, args.calls)
                     us = replay_us(g, args.calls)

@@ -14,20 +14,16 @@ import sys
 import torch
 
 sys.path.insert(0, os.getcwd())
-from opsmith.bench import provider_call  # noqa: E402
+from opsmith.bench import provider_step  # noqa: E402
 
 
 def main(argv):
     op, rows, n, provider = argv[0], int(argv[1]), int(argv[2]), argv[3]
     calls = int(argv[4]) if len(argv) > 4 else 10
     backward = len(argv) > 5 and argv[5] == "bwd"
-    fn, inputs, dy = provider_call(op, provider, rows, n, torch.bfloat16, torch.device("cuda"), backward=backward)
+    step = provider_step(op, provider, rows, n, torch.bfloat16, torch.device("cuda"), backward=backward)
     for _ in range(calls):
-        if backward:
-            torch.autograd.grad(fn(**inputs), list(inputs.values()), dy, allow_unused=True)
-        else:
-            with torch.no_grad():
-                fn(**inputs)
+        step()
     torch.cuda.synchronize()
 
 

@@ -56,14 +56,23 @@ def copy_bandwidth_gbs(device) -> float:
     return 2 * a.numel() / (ms * 1e-3) / 1e9
 
 
-def provider_call(op: str, provider: str, rows: int, n: int, dtype, device, backward: bool = False):
-    """(fn, inputs, dy) for one call of op's bench provider on one set of its
-    bench inputs (the grad inputs by name, requiring grad when backward):
-    fn(**inputs) runs it, dy is the output's gradient."""
+def provider_step(op: str, provider: str, rows: int, n: int, dtype, device, backward: bool = False):
+    """One call of op's bench provider on one set of its bench inputs, as a
+    step to run or capture: a forward without autograd, or (backward) a
+    forward and the gradients of its grad inputs."""
     spec = OPS[op].bench
     s = spec.make_inputs(rows, n, dtype, device)
     inputs = {k: s[k].requires_grad_(backward) for k in spec.grad_inputs}
-    return spec.providers[provider](n, dtype, device), inputs, s["dy"]
+    fn, dy = spec.providers[provider](n, dtype, device), s["dy"]
+
+    def step():
+        if backward:
+            torch.autograd.grad(fn(**inputs), list(inputs.values()), dy, allow_unused=True)
+        else:
+            with torch.no_grad():
+                fn(**inputs)
+
+    return step
 
 
 def _measure(spec: OpSpec, provider: str, rows, n, dtype, device, backward: bool):
