@@ -112,48 +112,73 @@ struct Args {
     bool narrow;    /* items < 2^32: index arithmetic in 32 bits */
 };
 
-/* The row plan's arguments (a short batch: every offset fits 32 bits):
+/* The row plan's arguments (a short batch: every offset fits 32 bits and
+ * no stride is negative, so an offset is unsigned and a pointer is formed
+ * by one wide multiply-add, with no sign extension):
  * what a rotation reads first fills the first 128 bytes, two constant-cache
  * lines. At decode sizes a thread's chain is the kernel's time, and each
  * further line of the 264-byte Args it touched was one more miss before its
  * loads (bench/NOTES.md, rotary at decode). */
 struct RowArgs {
-    using Index = int32_t;
+    using Index = uint32_t;
     const void *q, *k;
     void *qo, *ko;
     const void *cos, *sin;
     const int64_t *pos;
-    View<int32_t> vq, vqo, vk, vko;
-    int32_t cs_bs, cs_ss;
+    View<uint32_t> vq, vqo, vk, vko;
+    uint32_t cs_bs, cs_ss;
     int32_t hq, hk;
-    int32_t rotary_dim, packs;
+    uint32_t rotary_dim, packs;
     /* position_ids and the pass-through copy only */
-    int32_t pos_bs, pos_ss;
+    uint32_t pos_bs, pos_ss;
     int64_t max_pos;
-    int32_t cw;
+    uint32_t cw;
     bool copy_q, copy_k;
 };
 static_assert(offsetof(RowArgs, pos_bs) == 128, "a rotation without position_ids reads the first 128 bytes");
 
 /* The first element of head h (q heads, then k heads) of row (b, s), in
- * and out. */
-template <typename T> struct Row {
+ * and out. The flat plans form each tensor's row pointer once (a thread's
+ * 8 heads share it); the row plan (one or two heads a thread, 32-bit
+ * offsets) forms a head's pointers where they are used, so the output's
+ * come after the loads are issued. */
+template <typename T, typename A, typename I = typename A::Index> struct Row {
+    static constexpr bool kLazy = std::is_same<A, RowArgs>::value;
+    const A &a;
+    I b, s;
     const T *q, *k;
     T *qo, *ko;
-    template <typename A> __device__ __forceinline__ const T *in(const A &a, int h) const {
-        return h < a.hq ? q + h * a.vq.hs : k + (h - a.hq) * a.vk.hs;
+    __device__ __forceinline__ Row(const A &a_, I b_, I s_) : a(a_), b(b_), s(s_) {
+        if constexpr (!kLazy) {
+            q = static_cast<const T *>(a.q) + b * a.vq.bs + s * a.vq.ss;
+            qo = static_cast<T *>(a.qo) + b * a.vqo.bs + s * a.vqo.ss;
+            k = a.hk ? static_cast<const T *>(a.k) + b * a.vk.bs + s * a.vk.ss : nullptr;
+            ko = a.hk ? static_cast<T *>(a.ko) + b * a.vko.bs + s * a.vko.ss : nullptr;
+        }
     }
-    template <typename A> __device__ __forceinline__ T *out(const A &a, int h) const {
-        return h < a.hq ? qo + h * a.vqo.hs : ko + (h - a.hq) * a.vko.hs;
+    __device__ __forceinline__ const T *in(int h) const {
+        if constexpr (kLazy)
+            return h < a.hq ? static_cast<const T *>(a.q) + (b * a.vq.bs + s * a.vq.ss + h * a.vq.hs)
+                            : static_cast<const T *>(a.k) + (b * a.vk.bs + s * a.vk.ss + (h - a.hq) * a.vk.hs);
+        else
+            return h < a.hq ? q + h * a.vq.hs : k + (h - a.hq) * a.vk.hs;
     }
-    template <typename A> __device__ __forceinline__ bool copies(const A &a, int h) const { return h < a.hq ? a.copy_q : a.copy_k; }
+    __device__ __forceinline__ T *out(int h) const {
+        if constexpr (kLazy)
+            return h < a.hq ? static_cast<T *>(a.qo) + (b * a.vqo.bs + s * a.vqo.ss + h * a.vqo.hs)
+                            : static_cast<T *>(a.ko) + (b * a.vko.bs + s * a.vko.ss + (h - a.hq) * a.vko.hs);
+        else
+            return h < a.hq ? qo + h * a.vqo.hs : ko + (h - a.hq) * a.vko.hs;
+    }
+    __device__ __forceinline__ bool copies(int h) const { return h < a.hq ? a.copy_q : a.copy_k; }
 };
 
 /* POS: position_ids may be given (checked at run time); without it no
  * position load, no NaN selects for a position out of range. */
 template <typename T, typename C, typename Acc, bool HALF, int V, bool VEC, bool BWD, int kHeads, bool POS,
           typename A, typename I = typename A::Index>
-__device__ __forceinline__ void rotate_item(const A &a, const Row<T> &row, I b, I s, I pk, int h0) {
+__device__ __forceinline__ void rotate_item(const A &a, const Row<T, A> &row, I pk, int h0) {
+    const I b = row.b, s = row.s;
     const int heads = a.hq + a.hk;
     const I half = a.rotary_dim / 2;
     const I ea = pk * V, eb = HALF ? half + pk * V : pk * V;
@@ -175,7 +200,7 @@ __device__ __forceinline__ void rotate_item(const A &a, const Row<T> &row, I b, 
 #pragma unroll
     for (int j = 0; j < kHeads; j++) {
         if (h0 + j < heads) {
-            const T *x = row.in(a, h0 + j);
+            const T *x = row.in(h0 + j);
             xa[j] = load_vals<T, V, VEC>(x + ea);
             if constexpr (HALF) xb[j] = load_vals<T, V, VEC>(x + eb);
         }
@@ -201,7 +226,7 @@ __device__ __forceinline__ void rotate_item(const A &a, const Row<T> &row, I b, 
                     if constexpr (HALF) opaque(c2), opaque(s2);
                 }
             }
-            T *o = row.out(a, h0 + j);
+            T *o = row.out(h0 + j);
             if constexpr (HALF) {
                 Vals<T, V, VEC> oa, ob;
 #pragma unroll
@@ -237,15 +262,15 @@ __device__ __forceinline__ void rotate_item(const A &a, const Row<T> &row, I b, 
 /* W elements at dim e of each of the item's heads copied unchanged (the
  * pass-through dims), loads first. */
 template <typename T, int W, bool VEC, int kHeads, typename A, typename I = typename A::Index>
-__device__ __forceinline__ void copy_item(const A &a, const Row<T> &row, I e, int h0) {
+__device__ __forceinline__ void copy_item(const A &a, const Row<T, A> &row, I e, int h0) {
     const int heads = a.hq + a.hk;
     Vals<T, W, VEC> x[kHeads];
 #pragma unroll
     for (int j = 0; j < kHeads; j++)
-        if (h0 + j < heads && row.copies(a, h0 + j)) x[j] = load_vals<T, W, VEC>(row.in(a, h0 + j) + e);
+        if (h0 + j < heads && row.copies(h0 + j)) x[j] = load_vals<T, W, VEC>(row.in(h0 + j) + e);
 #pragma unroll
     for (int j = 0; j < kHeads; j++)
-        if (h0 + j < heads && row.copies(a, h0 + j)) store_vals<T, W, VEC>(row.out(a, h0 + j) + e, x[j]);
+        if (h0 + j < heads && row.copies(h0 + j)) store_vals<T, W, VEC>(row.out(h0 + j) + e, x[j]);
 }
 
 /* q = x / d, r = x % d, in 32 bits when the whole item range fits */
@@ -264,13 +289,9 @@ template <typename T, typename C, typename Acc, bool HALF, int V, bool VEC, bool
           typename A, typename I = typename A::Index>
 __device__ __forceinline__ void item(const A &a, I b, I s, I slot, int h0) {
     constexpr int W = (int)(16 / sizeof(T));
-    Row<T> row;
-    row.q = static_cast<const T *>(a.q) + b * a.vq.bs + s * a.vq.ss;
-    row.qo = static_cast<T *>(a.qo) + b * a.vqo.bs + s * a.vqo.ss;
-    row.k = a.hk ? static_cast<const T *>(a.k) + b * a.vk.bs + s * a.vk.ss : nullptr;
-    row.ko = a.hk ? static_cast<T *>(a.ko) + b * a.vko.bs + s * a.vko.ss : nullptr;
+    const Row<T, A> row(a, b, s);
     if (slot < a.packs) {
-        rotate_item<T, C, Acc, HALF, V, VEC, BWD, H, POS>(a, row, b, s, slot, h0);
+        rotate_item<T, C, Acc, HALF, V, VEC, BWD, H, POS>(a, row, slot, h0);
         return;
     }
     const I e = a.rotary_dim + (slot - a.packs) * a.cw;
@@ -303,42 +324,41 @@ constexpr int kRowThreads = 512;
 template <typename T, typename C, typename Acc, bool HALF, int V, bool BWD, int H>
 __global__ void __launch_bounds__(kRowThreads) rotary_row_kernel(RowArgs a) {
     if (a.pos)
-        item<T, C, Acc, HALF, V, true, BWD, H, true>(a, (int)blockIdx.y, (int)blockIdx.x, (int)threadIdx.x,
-                                                     (int)threadIdx.y * H);
+        item<T, C, Acc, HALF, V, true, BWD, H, true>(a, blockIdx.y, blockIdx.x, threadIdx.x, (int)threadIdx.y * H);
     else
-        item<T, C, Acc, HALF, V, true, BWD, H, false>(a, (int)blockIdx.y, (int)blockIdx.x, (int)threadIdx.x,
-                                                      (int)threadIdx.y * H);
+        item<T, C, Acc, HALF, V, true, BWD, H, false>(a, blockIdx.y, blockIdx.x, threadIdx.x, (int)threadIdx.y * H);
 }
 
 bool fits(int64_t v, int64_t w) { return v % w == 0; }
 
+/* the last element's offset + 1, or -1 where a stride is negative */
 int64_t span(int64_t batch, int64_t seq, int64_t heads, const View<int64_t> &v, int64_t width) {
-    auto mag = [](int64_t x) { return x < 0 ? -x : x; };
-    return (batch - 1) * mag(v.bs) + (seq - 1) * mag(v.ss) + (heads - 1) * mag(v.hs) + width;
+    if (v.bs < 0 || v.ss < 0 || v.hs < 0) return -1;
+    return (batch - 1) * v.bs + (seq - 1) * v.ss + (heads - 1) * v.hs + width;
 }
 
 /* The row plan's 32-bit arguments, or false where an offset the kernel
  * forms (row, head, element of q, k, their outputs, cos/sin, position_ids)
- * could pass 2^31 - 1: the flat plan takes that call. */
+ * could pass 2^31 - 1 or a stride is negative: the flat plan takes that
+ * call. */
 bool row_args(const Args &a, int64_t batch, RowArgs &r) {
-    constexpr int64_t lim = INT32_MAX;
-    const int64_t cs = a.pos ? (a.max_pos - 1) * (a.cs_ss < 0 ? -a.cs_ss : a.cs_ss) + a.rotary_dim
-                             : span(batch, a.seq, 1, {a.cs_bs, a.cs_ss, 0}, a.rotary_dim);
-    if (cs > lim || span(batch, a.seq, a.hq, a.vq, a.head_dim) > lim ||
-        span(batch, a.seq, a.hq, a.vqo, a.head_dim) > lim ||
-        (a.hk && (span(batch, a.seq, a.hk, a.vk, a.head_dim) > lim ||
-                  span(batch, a.seq, a.hk, a.vko, a.head_dim) > lim)) ||
-        (a.pos && span(batch, a.seq, 1, {a.pos_bs, a.pos_ss, 0}, 1) > lim))
+    auto ok = [](int64_t span) { return span >= 0 && span <= INT32_MAX; };
+    const bool cs = a.pos ? a.cs_ss >= 0 && ok((a.max_pos - 1) * a.cs_ss + a.rotary_dim)
+                          : ok(span(batch, a.seq, 1, {a.cs_bs, a.cs_ss, 0}, a.rotary_dim));
+    if (!cs || !ok(span(batch, a.seq, a.hq, a.vq, a.head_dim)) || !ok(span(batch, a.seq, a.hq, a.vqo, a.head_dim)) ||
+        (a.hk && (!ok(span(batch, a.seq, a.hk, a.vk, a.head_dim)) ||
+                  !ok(span(batch, a.seq, a.hk, a.vko, a.head_dim)))) ||
+        (a.pos && !ok(span(batch, a.seq, 1, {a.pos_bs, a.pos_ss, 0}, 1))))
         return false;
-    auto view = [](const View<int64_t> &v) { return View<int32_t>{(int32_t)v.bs, (int32_t)v.ss, (int32_t)v.hs}; };
+    auto view = [](const View<int64_t> &v) { return View<uint32_t>{(uint32_t)v.bs, (uint32_t)v.ss, (uint32_t)v.hs}; };
     r.q = a.q, r.k = a.k, r.qo = a.qo, r.ko = a.ko, r.cos = a.cos, r.sin = a.sin, r.pos = a.pos;
     r.vq = view(a.vq), r.vqo = view(a.vqo), r.vk = view(a.vk), r.vko = view(a.vko);
-    r.cs_bs = (int32_t)a.cs_bs, r.cs_ss = (int32_t)a.cs_ss;
+    r.cs_bs = (uint32_t)a.cs_bs, r.cs_ss = (uint32_t)a.cs_ss;
     r.hq = a.hq, r.hk = a.hk;
-    r.rotary_dim = (int32_t)a.rotary_dim, r.packs = (int32_t)a.packs;
-    r.pos_bs = a.pos ? (int32_t)a.pos_bs : 0, r.pos_ss = a.pos ? (int32_t)a.pos_ss : 0;
+    r.rotary_dim = (uint32_t)a.rotary_dim, r.packs = (uint32_t)a.packs;
+    r.pos_bs = a.pos ? (uint32_t)a.pos_bs : 0, r.pos_ss = a.pos ? (uint32_t)a.pos_ss : 0;
     r.max_pos = a.max_pos;
-    r.cw = (int32_t)a.cw;
+    r.cw = (uint32_t)a.cw;
     r.copy_q = a.copy_q, r.copy_k = a.copy_k;
     return true;
 }
