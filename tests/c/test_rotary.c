@@ -25,9 +25,9 @@
 #define TEST_CUDA 0
 #endif
 
-enum { LAYOUT_BHSD, LAYOUT_BSHD, LAYOUT_FUSED, LAYOUT_PADDED, LAYOUT_PAD8, LAYOUT_COUNT };
+enum { LAYOUT_BHSD, LAYOUT_BSHD, LAYOUT_FUSED, LAYOUT_PADDED, LAYOUT_PAD8, LAYOUT_REVERSED, LAYOUT_COUNT };
 enum { CS_PER_ROW, CS_SHARED, CS_CACHE, CS_COUNT };
-static const char *const LAYOUT_NAMES[] = {"bhsd", "bshd", "fused-qkv", "padded-bhsd", "pad8-bhsd"};
+static const char *const LAYOUT_NAMES[] = {"bhsd", "bshd", "fused-qkv", "padded-bhsd", "pad8-bhsd", "reversed-bshd"};
 static const char *const CS_NAMES[] = {"[B,S,R]", "[S,R]", "cache+positions"};
 
 typedef struct {
@@ -100,6 +100,14 @@ static void data_init(rdata *d, const rcase *c, test_rng *rng) {
         d->k_at = d->q_at + B * Hq * S * dp + 8, d->elems = d->k_at + B * Hk * S * dp + 8;
         break;
     }
+    case LAYOUT_REVERSED: /* bshd with the tokens in reverse memory order: a negative seq stride, which
+                           * the C ABI takes and CUDA's row plan leaves to the flat plan (its offsets
+                           * are unsigned) */
+        set_view(&p->q, Hq, S * Hq * D, -Hq * D, D), set_view(&p->k, Hk, S * Hk * D, -Hk * D, D);
+        d->q_at = c->off + (S - 1) * Hq * D;
+        d->k_at = c->off + B * S * Hq * D + 8 + (S - 1) * Hk * D;
+        d->elems = c->off + B * S * Hq * D + 8 + B * S * Hk * D + 8;
+        break;
     default: /* bhsd with every head vector D + 3 apart: odd strides */
         set_view(&p->q, Hq, Hq * S * (D + 3), D + 3, S * (D + 3)), set_view(&p->k, Hk, Hk * S * (D + 3), D + 3, S * (D + 3));
         d->k_at = d->q_at + B * Hq * S * (D + 3) + 5, d->elems = d->k_at + B * Hk * S * (D + 3) + 5;
@@ -427,7 +435,7 @@ HARNESS_GROUP(test_rotary) {
         {1, 4, 2, 0, 128, 128, LAYOUT_BSHD, CS_CACHE, 0},   {2, 3, 5, 1, 20, 12, LAYOUT_PADDED, CS_PER_ROW, 1},
         {1, 1, 8, 2, 128, 128, LAYOUT_BHSD, CS_CACHE, 0},   {2, 2, 2, 2, 6, 2, LAYOUT_BSHD, CS_SHARED, 3},
         {1, 3, 2, 1, 512, 384, LAYOUT_BHSD, CS_PER_ROW, 0}, {1, 6, 4, 2, 80, 64, LAYOUT_FUSED, CS_CACHE, 1},
-        {0, 3, 2, 1, 16, 16, LAYOUT_BHSD, CS_PER_ROW, 0},
+        {0, 3, 2, 1, 16, 16, LAYOUT_BHSD, CS_PER_ROW, 0},   {2, 5, 4, 2, 64, 64, LAYOUT_REVERSED, CS_PER_ROW, 0},
         /* more packs than a block's threads (the CUDA pack loop); more heads than fit in one pass of y */
         {1, 2, 2, 1, 2048, 2048, LAYOUT_BSHD, CS_SHARED, 0}, {1, 2, 300, 7, 2, 2, LAYOUT_BSHD, CS_PER_ROW, 0},
     };
@@ -454,6 +462,8 @@ HARNESS_GROUP(test_rotary) {
          * heads): the flat 2-head launch */
         {2, 3, 64, 8, 128, 128, LAYOUT_BHSD, CS_CACHE, 0},   {1, 3, 8, 2, 2048, 2048, LAYOUT_BSHD, CS_PER_ROW, 0},
         {2, 3, 65, 8, 128, 128, LAYOUT_BSHD, CS_PER_ROW, 0}, {1, 2, 64, 8, 64, 64, LAYOUT_BSHD, CS_SHARED, 0},
+        /* a short batch whose seq stride is negative: the flat plan's 2-head launch */
+        {2, 3, 32, 8, 128, 128, LAYOUT_REVERSED, CS_CACHE, 0}, {4, 2, 32, 8, 64, 64, LAYOUT_REVERSED, CS_SHARED, 0},
         /* past 132 x 512 items: the 16-byte kernel's wide launch (rotate-half
          * 8 heads a thread, 6 with float32 cos/sin for 16-bit x; interleaved
          * 16, or 8); everything above is small enough for the short-batch plans;
