@@ -114,10 +114,10 @@ struct Args {
 
 /* The row plan's arguments (a short batch: every offset fits 32 bits and
  * no stride is negative, so an offset is unsigned and a pointer is formed
- * by one wide multiply-add, with no sign extension):
- * what a rotation reads first fills the first 128 bytes, two constant-cache
- * lines. At decode sizes a thread's chain is the kernel's time, and each
- * further line of the 264-byte Args it touched was one more miss before its
+ * by one wide multiply-add, with no sign extension): what a rotation reads
+ * first fills the first 128 bytes, where the 264-byte Args spread it over
+ * its whole length. At decode sizes a thread's chain is the kernel's time,
+ * and each further constant line it touched was one more miss before its
  * loads (bench/NOTES.md, rotary at decode). */
 struct RowArgs {
     using Index = uint32_t;
@@ -343,7 +343,8 @@ int64_t span(int64_t batch, int64_t seq, int64_t heads, const View<int64_t> &v, 
  * call. */
 bool row_args(const Args &a, int64_t batch, RowArgs &r) {
     auto ok = [](int64_t span) { return span >= 0 && span <= INT32_MAX; };
-    const bool cs = a.pos ? a.cs_ss >= 0 && ok((a.max_pos - 1) * a.cs_ss + a.rotary_dim)
+    /* cos/sin: rows (b, s), or the cache's max_pos rows */
+    const bool cs = a.pos ? ok(span(1, a.max_pos, 1, {0, a.cs_ss, 0}, a.rotary_dim))
                           : ok(span(batch, a.seq, 1, {a.cs_bs, a.cs_ss, 0}, a.rotary_dim));
     if (!cs || !ok(span(batch, a.seq, a.hq, a.vq, a.head_dim)) || !ok(span(batch, a.seq, a.hq, a.vqo, a.head_dim)) ||
         (a.hk && (!ok(span(batch, a.seq, a.hk, a.vk, a.head_dim)) ||
@@ -356,7 +357,7 @@ bool row_args(const Args &a, int64_t batch, RowArgs &r) {
     r.cs_bs = (uint32_t)a.cs_bs, r.cs_ss = (uint32_t)a.cs_ss;
     r.hq = a.hq, r.hk = a.hk;
     r.rotary_dim = (uint32_t)a.rotary_dim, r.packs = (uint32_t)a.packs;
-    r.pos_bs = a.pos ? (uint32_t)a.pos_bs : 0, r.pos_ss = a.pos ? (uint32_t)a.pos_ss : 0;
+    r.pos_bs = (uint32_t)a.pos_bs, r.pos_ss = (uint32_t)a.pos_ss; /* read only with position_ids */
     r.max_pos = a.max_pos;
     r.cw = (uint32_t)a.cw;
     r.copy_q = a.copy_q, r.copy_k = a.copy_k;
