@@ -93,6 +93,31 @@ def test_matches_hf_apply_rotary_pos_emb(device, dtype, unsqueeze_dim):
     close(g[1], r[1], dtype, "dk")
 
 
+@requires_hf
+@pytest.mark.parametrize("unsqueeze_dim", [1, 2])
+def test_apply_rotary_pos_emb_partial_as_hf_partial_rotary(device, unsqueeze_dim):
+    """cos/sin narrower than the heads: the first cos.shape[-1] dims rotated,
+    the rest passed through, as Hugging Face's partial-rotary
+    apply_rotary_pos_emb (Bamba's) does; the same values in float64."""
+    try:
+        from transformers.models.bamba.modeling_bamba import apply_rotary_pos_emb as hf_partial
+    except ImportError:  # pragma: no cover - older transformers
+        pytest.skip("this transformers has no Bamba")
+    gen = torch.Generator().manual_seed(1)
+    b, s, hq, hk, d, r = 2, 5, 4, 2, 64, 32
+    shape_q = (b, hq, s, d) if unsqueeze_dim == 1 else (b, s, hq, d)
+    shape_k = (b, hk, s, d) if unsqueeze_dim == 1 else (b, s, hk, d)
+    q = torch.randn(shape_q, generator=gen, dtype=torch.float64).to(device)
+    k = torch.randn(shape_k, generator=gen, dtype=torch.float64).to(device)
+    cos = torch.randn(b, s, r, generator=gen, dtype=torch.float64).to(device)
+    sin = torch.randn(b, s, r, generator=gen, dtype=torch.float64).to(device)
+    got = opsmith.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
+    want = hf_partial(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
+    for g, w, what in zip(got, want, "qk"):
+        torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12, msg=what)
+        assert torch.equal(g[..., r:], (q if what == "q" else k)[..., r:]), f"{what}: pass-through dims changed"
+
+
 @pytest.mark.parametrize("unsqueeze_dim", [1, 2])
 def test_pybind_apply_rotary_pos_emb_same_bits_as_route_b(device, unsqueeze_dim):
     # route A's Hugging Face signature: the same outputs, gradients and

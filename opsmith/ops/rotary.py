@@ -106,8 +106,11 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, si
     unsqueeze_dim=1)`` (rotate-half): cos/sin ``[B, S, D]`` (or ``[S, D]``) as
     LlamaRotaryEmbedding returns them; unsqueeze_dim 1 for q/k ``[B, H, S, D]``,
     2 for ``[B, S, H, D]``. position_ids is accepted and ignored, as in
-    Hugging Face's. Returns what theirs returns, dtype included (float32 cos
-    beside bfloat16 q promotes the result to float32)."""
+    Hugging Face's. cos/sin narrower than D rotate the first cos.shape[-1]
+    dims and pass the rest through, as the partial-rotary versions of the
+    function do (Bamba's; Llama's raises on the mismatch). Returns what
+    theirs returns, dtype included (float32 cos beside bfloat16 q promotes
+    the result to float32)."""
     return _pos_emb(_fwd, "apply_rotary_pos_emb", q, k, cos, sin, unsqueeze_dim)
 
 
