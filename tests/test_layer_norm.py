@@ -138,6 +138,19 @@ def test_unsupported_parameter_dtype_named(wd):
         opsmith.layer_norm(x, None, b)
 
 
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm", "fused_add_rms_norm"])
+def test_normalized_shape_in_the_weight_place_named(op):
+    # F.layer_norm(x, (n,), w) / F.rms_norm(x, (n,), w) carried over: a
+    # TypeError naming the argument, not the dispatcher's schema dump
+    x = torch.randn(2, 3, 8)
+    args = {"layer_norm": (x, (8,)), "rms_norm": (x, [8]), "fused_add_rms_norm": (x, x, torch.Size([8]))}[op]
+    with pytest.raises(TypeError, match=rf"^{op}: weight must be a tensor( or None)?, got \w+ .*8.*normalized_shape"):
+        getattr(opsmith, op)(*args)
+    if op == "layer_norm":
+        with pytest.raises(TypeError, match=r"^layer_norm: bias must be a tensor or None, got int 8"):
+            opsmith.layer_norm(x, torch.ones(8), 8)
+
+
 def test_bias_only_gradient_dtype():
     x, _, b, dy = _inputs((4, 16), torch.bfloat16, torch.float32, "cpu", affine=(False, True))
     y, grads = _grads(opsmith.layer_norm, x, None, b, dy)

@@ -130,6 +130,18 @@ def graph_anchors(*tensors) -> list:
     return [_Anchor.apply(*needed)]
 
 
+def check_not_shape(op: str, optional: bool = True, **params) -> None:
+    """A TypeError naming the argument where a norm's weight or bias is a
+    shape: torch.nn.functional's norms take normalized_shape second, opsmith's
+    normalize over the last dim and take the weight there."""
+    for name, value in params.items():
+        if isinstance(value, (tuple, list, int, torch.Size)) and not isinstance(value, bool):
+            raise TypeError(f"{op}: {name} must be a tensor{' or None' if optional else ''}, got {type(value).__name__} {value!r}: "
+                            f"opsmith.{op} normalizes over the last dim of x and takes no normalized_shape "
+                            f"(torch.nn.functional's second argument); for several trailing dims use the "
+                            f"module, or flatten them into the last")
+
+
 def pybind_double_backward_error(name: str, alternative: str) -> str:
     """Route A's refusal of double backward for opsmith.pybind.<name>."""
     return (f"opsmith.pybind.{name}: double backward is not supported (route A's backward is not "
