@@ -25,6 +25,8 @@
 #include "internal/rotary.h"
 #include "launch_plan.cuh"
 
+#include <algorithm>
+
 namespace opsmith {
 namespace {
 
@@ -316,17 +318,25 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) rotary_kernel(Args a) {
     }
 }
 
-/* A short batch's plan: a block a row (b, s), its threads (slot, group of
- * H heads) on the block's two dimensions, so no thread divides an index or
- * loops: at decode sizes a thread's chain of dependent instructions is the
- * kernel's time. */
+/* A short batch's plan: a block a row (b, s) and group of its heads, its
+ * threads (slot, group of H heads) on the block's two dimensions, so no
+ * thread divides an index or loops: at decode sizes a thread's chain of
+ * dependent instructions is the kernel's time. With fewer rows than SMs a
+ * row's heads are spread over blocks of about kRowBlockThreads
+ * (OPSMITH_ROTARY_ROW_THREADS; 512: the whole row a block always): a
+ * decode batch has a few rows, and a block a row
+ * put each row's ~10 warps on one SM, 2-3 warps to a scheduler issuing
+ * their instructions in turn, where blocks of 2 warps spread them over the
+ * idle SMs (bench/NOTES.md, rotary's heads over blocks). */
 constexpr int kRowThreads = 512;
+constexpr int kRowBlockThreads = 64;
 template <typename T, typename C, typename Acc, bool HALF, int V, bool BWD, int H>
 __global__ void __launch_bounds__(kRowThreads) rotary_row_kernel(RowArgs a) {
+    const int h0 = (int)(blockIdx.z * blockDim.y + threadIdx.y) * H;
     if (a.pos)
-        item<T, C, Acc, HALF, V, true, BWD, H, true>(a, blockIdx.y, blockIdx.x, threadIdx.x, (int)threadIdx.y * H);
+        item<T, C, Acc, HALF, V, true, BWD, H, true>(a, blockIdx.y, blockIdx.x, threadIdx.x, h0);
     else
-        item<T, C, Acc, HALF, V, true, BWD, H, false>(a, blockIdx.y, blockIdx.x, threadIdx.x, (int)threadIdx.y * H);
+        item<T, C, Acc, HALF, V, true, BWD, H, false>(a, blockIdx.y, blockIdx.x, threadIdx.x, h0);
 }
 
 bool fits(int64_t v, int64_t w) { return v % w == 0; }
@@ -388,9 +398,16 @@ void launch(Args a, bool vec, cudaStream_t stream) {
     RowArgs r;
     if (small && row_blocks && batch <= kMaxGridY && a.seq <= 2147483647 &&
         a.slots * ((heads + 1) / 2) <= kRowThreads && row_args(a, batch, r)) {
-        const int per = a.slots * heads <= kRowThreads ? 1 : 2;
-        const dim3 grid((unsigned)a.seq, (unsigned)batch),
-            block((unsigned)a.slots, (unsigned)((heads + per - 1) / per));
+        static const int row_threads =
+            (int)tuning_env("OPSMITH_ROTARY_ROW_THREADS", kRowBlockThreads, 32, kRowThreads);
+        /* the whole row a block where the rows alone fill the SMs (64 tokens x 4
+         * sequences: 0.06 us faster than split on the H100; 4 x 4 rows split: 0.15 faster) */
+        const bool whole = row_threads >= kRowThreads || a.seq * batch >= sm_count();
+        const int per = whole && a.slots * heads > kRowThreads ? 2 : 1;
+        const int64_t groups = (heads + per - 1) / per;
+        const int64_t in_block = whole ? groups : std::max<int64_t>(1, std::min<int64_t>(groups, row_threads / a.slots));
+        const dim3 grid((unsigned)a.seq, (unsigned)batch, (unsigned)((groups + in_block - 1) / in_block)),
+            block((unsigned)a.slots, (unsigned)in_block);
         if (per == 1)
             rotary_row_kernel<T, C, Acc, HALF, VV, BWD, 1><<<grid, block, 0, stream>>>(r);
         else
