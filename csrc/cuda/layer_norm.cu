@@ -197,6 +197,14 @@ __global__ void layer_norm_bwd_kernel(int64_t rows, int64_t n, const T *__restri
 
 /* --- register-resident kernels ------------------------------------------- */
 
+/* v, unknown to the compiler from here on (asm volatile: not moved above
+ * an earlier asm volatile load), so what is computed from it stays here */
+template <typename A> __device__ __forceinline__ A opaque_acc(A v) {
+    if constexpr (sizeof(A) == 4) asm volatile("" : "+f"(v));
+    else asm volatile("" : "+d"(v));
+    return v;
+}
+
 /* A row's mean and its sum of squared deviations (m2) from packs a row
  * group holds in registers, never as E[x^2] - E[x]^2: each warp takes the
  * exact two-pass moments of its own elements (two warp sums, no barrier),
@@ -207,12 +215,13 @@ __global__ void layer_norm_bwd_kernel(int64_t rows, int64_t n, const T *__restri
  * moments at every butterfly step (three shuffles and a division a step)
  * doubled it. sum is the thread's sum of its
  * elements; sq(mean) its sum of squared deviations from mean; c_w the
- * warp's element count (the same in every lane). scratch holds 96, and a
+ * warp's element count (the same in every lane), inv_c_w its reciprocal
+ * (0 for a warp with no element), inv_n 1 / n. scratch holds 96, and a
  * block's consecutive calls alternate two such buffers. */
 template <bool WARP_ROWS, typename A, typename SQ>
-__device__ __forceinline__ void row_moments(A sum, SQ sq, A c_w, A n, A *scratch, A &mean, A &m2) {
+__device__ __forceinline__ void row_moments(A sum, SQ sq, A c_w, A inv_c_w, A inv_n, A *scratch, A &mean, A &m2) {
     const A s_w = warp_sum(sum);
-    const A mean_w = c_w > A(0) ? s_w / c_w : A(0);
+    const A mean_w = s_w * inv_c_w;
     const A m2_w = warp_sum(sq(mean_w));
     if constexpr (WARP_ROWS) {
         mean = mean_w;
@@ -230,7 +239,7 @@ __device__ __forceinline__ void row_moments(A sum, SQ sq, A c_w, A n, A *scratch
         const bool mine = lane < warps;
         const A c = mine ? scratch[lane] : A(0), m = mine ? scratch[32 + lane] : A(0);
         const A q = mine ? scratch[64 + lane] : A(0);
-        mean = warp_sum(c * m) / n;
+        mean = warp_sum(c * m) * inv_n;
         const A d = m - mean;
         m2 = warp_sum(q + c * d * d);
     }
@@ -310,11 +319,19 @@ layer_norm_fwd_resident_kernel(int64_t rows, int64_t n, const T *__restrict__ x,
      * no branch a pack: behind one, a pack's load was issued only after the
      * previous pack's sum had waited for its own) */
     auto mine = [&](int it) { return g.t + (int64_t)it * g.threads < steps; };
+    const A c_w = (A)warp_elements<ITERS, S>(steps, g.threads, WARP_ROWS ? 0 : (int)(threadIdx.x >> 5));
     int half = 0;
     for (int64_t r = g.first_row(); r < rows; r += g.row_step(), half ^= 1) {
         const T *xr = x + r * xs;
         Pack<T> xp[ITERS];
         load_packs([&](int it, int64_t i) { xp[it] = load_pack_here(xr + i * S); });
+        /* the divisions by counts as reciprocals taken while the row loads:
+         * on the row's chain each division was a reciprocal, its refinement
+         * and a range check (with n and the warps' counts powers of two, the
+         * same bits; else within a rounding of the quotient). Loop-invariant,
+         * they would be hoisted above the loop and its first load (opaque_acc
+         * keeps them here) */
+        const A cw = opaque_acc(c_w), inv_c_w = cw > A(0) ? A(1) / cw : A(0), inv_n = A(1) / opaque_acc((A)n);
         if constexpr (kParamsEarly && kRaw) {
 #pragma unroll
             for (int it = 0; it < ITERS; it++) {
@@ -348,10 +365,9 @@ layer_norm_fwd_resident_kernel(int64_t rows, int64_t n, const T *__restrict__ x,
             }
             return q;
         };
-        const A c_w = (A)warp_elements<ITERS, S>(steps, g.threads, WARP_ROWS ? 0 : (int)(threadIdx.x >> 5));
         A mu, m2;
-        row_moments<WARP_ROWS>(sum, sq, c_w, (A)n, scratch[half], mu, m2);
-        const A rs = rsqrt_acc(m2 / (A)n + eps);
+        row_moments<WARP_ROWS>(sum, sq, c_w, inv_c_w, inv_n, scratch[half], mu, m2);
+        const A rs = rsqrt_acc(m2 * inv_n + eps);
         if (g.t == 0) mean[r] = mu, rstd[r] = rs;
         packs([&](int it, int64_t i) {
             opaque(xp[it]);
