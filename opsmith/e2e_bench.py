@@ -3,14 +3,24 @@ optimizer) of a Hugging Face Llama with the Llama-3.2-1B configuration
 (random weights), bfloat16, sequence 4096, under each configuration:
 
     hf_eager         Hugging Face as it is (fused torch AdamW)
-    hf_compile       the same under torch.compile
+    hf_compile       the same with torch.compile (each decoder layer; see below)
     liger            Liger-Kernel's apply_liger_kernel_to_llama (fused torch AdamW)
     opsmith          opsmith.hf.patch_llama (fused torch AdamW: the kernels
                      compared with the optimizer held equal)
     opsmith_adamw    opsmith.hf.patch_llama and opsmith.optim.AdamW, whose
                      moments are float32 whatever the param dtype (torch's
                      are in the param's dtype: 4 more bytes a bf16 param)
-    opsmith_compile  opsmith (fused torch AdamW) under torch.compile
+    opsmith_compile  opsmith (fused torch AdamW) with torch.compile (each decoder layer)
+
+The compiled configurations compile each decoder layer (regional compilation),
+not the whole model: in a whole-model graph Hugging Face builds the causal
+mask as a dense [batch, 1, seq, seq] tensor and passes it to
+scaled_dot_product_attention with is_causal=False (eager passes no mask and
+is_causal=True), so attention computes every square of the 4096 x 4096 score
+matrix: 127 ms of kernels a step against 45 (H100,
+bench/results/2026-12-06-h100-decode-v4/). The forward runs with
+use_cache=False (training: no key/value cache, which would also recompile the
+layers once each).
 
 Peak memory is reported for the step and for each of its phases (forward,
 backward, optimizer), each from the allocation at the start of that phase.
@@ -67,7 +77,9 @@ def one(config: str, batch: int, seq: int, steps: int, warmup: int, device: str 
         optimizer_name = "opsmith AdamW"
     else:
         opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=cuda)
-    step_model = torch.compile(model) if config.endswith("compile") else model
+    if config.endswith("compile"):
+        for layer in model.model.layers:
+            layer.compile()
     g = torch.Generator(device=device).manual_seed(1)  # the same tokens for every configuration
     ids = torch.randint(0, cfg.vocab_size, (batch, seq), device=device, generator=g)
 
@@ -87,7 +99,7 @@ def one(config: str, batch: int, seq: int, steps: int, warmup: int, device: str 
         opt.zero_grad(set_to_none=True)
         if phases is not None:
             phases["before"] = torch.cuda.memory_allocated() / 2**30
-        loss = phase("forward", lambda: step_model(input_ids=ids, labels=ids).loss)
+        loss = phase("forward", lambda: model(input_ids=ids, labels=ids, use_cache=False).loss)
         phase("backward", loss.backward)
         phase("optimizer", opt.step)
         return loss

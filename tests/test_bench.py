@@ -105,14 +105,15 @@ def test_readme_takes_one_table_per_results_dir(tmp_path):
 def test_e2e_training_step_runs_each_way_on_a_tiny_model():
     """The end-to-end benchmark's child process (one configuration, one
     training step) on a 2-layer stand-in on the CPU: Hugging Face as it is
-    and opsmith-patched give a JSON line with a finite loss, the same start."""
+    and opsmith-patched (also with its decoder layers compiled) give a JSON
+    line with a finite loss, the same start."""
     import json
     import subprocess
     import sys
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
     out = {}
-    for config in ("hf_eager", "opsmith", "opsmith_adamw"):
+    for config in ("hf_eager", "opsmith", "opsmith_adamw", "opsmith_compile"):
         p = subprocess.run([sys.executable, "-m", "opsmith.e2e_bench", "--one", config, "--device", "cpu", "--tiny",
                             "--batch", "2", "--seq", "32", "--steps", "1", "--warmup", "1"],
                            capture_output=True, text=True, env=env, timeout=300)
@@ -124,5 +125,5 @@ def test_e2e_training_step_runs_each_way_on_a_tiny_model():
     for r in out.values():
         assert r["tokens_per_s"] > 0 and r["loss"] == r["loss"]
     # one optimizer step in: bf16 models, the same data; the losses agree to bf16
-    for config in ("opsmith", "opsmith_adamw"):
+    for config in ("opsmith", "opsmith_adamw", "opsmith_compile"):
         assert abs(out[config]["loss"] - out["hf_eager"]["loss"]) < 0.05 * out["hf_eager"]["loss"]
