@@ -10,7 +10,6 @@
 Run from the repository root with the library built."""
 import itertools
 import os
-import re
 import sys
 
 import torch
@@ -41,39 +40,11 @@ def report(name, fn, reps=20, warmup=5):
 
 
 def e2e(which):
-    import transformers
-    from opsmith.e2e_bench import LLAMA_3_2_1B
-    if which == "opsmith":
-        import opsmith.hf
-        opsmith.hf.patch_llama()
-    else:
-        from liger_kernel.transformers import apply_liger_kernel_to_llama
-        apply_liger_kernel_to_llama()
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(**LLAMA_3_2_1B)
-    cfg._attn_implementation = "sdpa"
-    model = transformers.LlamaForCausalLM(cfg).to("cuda", torch.bfloat16).train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
-    ids = torch.randint(0, cfg.vocab_size, (4, 4096), device="cuda")
-
-    def step():
-        opt.zero_grad(set_to_none=True)
-        model(input_ids=ids, labels=ids).loss.backward()
-        opt.step()
-
-    evs = kernel_events(step, reps=2, warmup=3)
-    kinds = {}
-    for e in evs:
-        k = e.key.lower()
-        kind = ("gemm" if re.search(r"gemm|nvjet|cutlass|sm90_xmma|cublas", k) else
-                "attention" if re.search(r"flash|fmha|attention", k) else "opsmith" if "opsmith" in k else
-                "triton" if "triton" in k else "adamw" if "adam" in k else "other")
-        kinds[kind] = kinds.get(kind, 0) + e.device_time_total / 2
-    total = sum(e.device_time_total for e in evs) / 2
-    print(f"== {which}: {total / 1e3:.1f} ms of kernels a step; " +
-          ", ".join(f"{k} {v / 1e3:.1f}" for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])))
-    for e in sorted(evs, key=lambda e: -e.device_time_total)[:40]:
-        print(f"  {e.device_time_total / 2e3:7.2f} ms {e.count / 2:6.0f}x  {e.key[:120]}")
+    # one step's kernels by kind: bench/step_profile.py (this run's e2e_profile_*.txt
+    # were taken before it called the model with use_cache=False, the same kernels)
+    sys.path.insert(0, os.path.join(os.getcwd(), "bench"))
+    from step_profile import profile_step
+    profile_step(which, "eager", top=40)
 
 
 def decode_cases():
