@@ -253,6 +253,15 @@ template <typename P> __device__ __forceinline__ void opaque(P &p) {
         asm volatile("" : "+r"(u[k]), "+r"(u[k + 1]), "+r"(u[k + 2]), "+r"(u[k + 3]));
 }
 
+/* The scalar version (float or double): v unknown to the compiler from here
+ * on (asm volatile: not moved above an earlier asm volatile load), so what
+ * is computed from it is computed here, not hoisted. */
+template <typename A> __device__ __forceinline__ A opaque_acc(A v) {
+    if constexpr (sizeof(A) == 4) asm volatile("" : "+f"(v));
+    else asm volatile("" : "+d"(v));
+    return v;
+}
+
 __host__ __device__ __forceinline__ bool aligned16(const void *p) {
     return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
 }

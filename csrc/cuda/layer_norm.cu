@@ -197,14 +197,6 @@ __global__ void layer_norm_bwd_kernel(int64_t rows, int64_t n, const T *__restri
 
 /* --- register-resident kernels ------------------------------------------- */
 
-/* v, unknown to the compiler from here on (asm volatile: not moved above
- * an earlier asm volatile load), so what is computed from it stays here */
-template <typename A> __device__ __forceinline__ A opaque_acc(A v) {
-    if constexpr (sizeof(A) == 4) asm volatile("" : "+f"(v));
-    else asm volatile("" : "+d"(v));
-    return v;
-}
-
 /* A row's mean and its sum of squared deviations (m2) from packs a row
  * group holds in registers, never as E[x^2] - E[x]^2: each warp takes the
  * exact two-pass moments of its own elements (two warp sums, no barrier),

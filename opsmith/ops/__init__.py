@@ -130,16 +130,22 @@ def graph_anchors(*tensors) -> list:
     return [_Anchor.apply(*needed)]
 
 
-def check_not_shape(op: str, optional: bool = True, **params) -> None:
-    """A TypeError naming the argument where a norm's weight or bias is a
-    shape: torch.nn.functional's norms take normalized_shape second, opsmith's
-    normalize over the last dim and take the weight there."""
+def check_param(op: str, optional: bool = True, **params) -> None:
+    """A TypeError naming the argument where a norm's weight or bias is not a
+    tensor (or None, where optional): for a shape, that torch.nn.functional's
+    norms take normalized_shape second, opsmith's normalize over the last dim
+    and take the weight there."""
     for name, value in params.items():
+        if isinstance(value, torch.Tensor) or (optional and value is None):
+            continue
         if isinstance(value, (tuple, list, int, torch.Size)) and not isinstance(value, bool):
-            raise TypeError(f"{op}: {name} must be a tensor{' or None' if optional else ''}, got {type(value).__name__} {value!r}: "
-                            f"opsmith.{op} normalizes over the last dim of x and takes no normalized_shape "
-                            f"(torch.nn.functional's second argument); for several trailing dims use the "
-                            f"module, or flatten them into the last")
+            raise TypeError(f"{op}: {name} must be a tensor{' or None' if optional else ''}, got "
+                            f"{type(value).__name__} {value!r}: opsmith.{op} normalizes over the last dim of x "
+                            f"and takes no normalized_shape (torch.nn.functional's second argument); for "
+                            f"several trailing dims use the module, or flatten them into the last")
+        raise TypeError(f"{op}: {name} must be a tensor"
+                        f"{' or None' if optional else ' of the hidden size (this norm always has one)'}, "
+                        f"got {type(value).__name__}")
 
 
 def pybind_double_backward_error(name: str, alternative: str) -> str:

@@ -8,7 +8,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from . import check_not_shape, register_fake
+from . import check_param, register_fake
 from .. import _library  # noqa: F401  (loads the library: torch.ops.opsmith.* exists after this)
 from . import _vmap
 from .rms_norm import CASTING_MODES, _accumulate_dtype, _default_out_dtype
@@ -25,10 +25,7 @@ def _check_mode(casting_mode, who="fused_add_rms_norm"):
 
 def _check_call(casting_mode, weight, who="fused_add_rms_norm"):
     _check_mode(casting_mode, who)
-    check_not_shape(who, optional=False, weight=weight)
-    if not isinstance(weight, torch.Tensor):
-        raise TypeError(f"{who}: weight must be a tensor of the hidden size (this norm always has one), "
-                        f"got {type(weight).__name__}")
+    check_param(who, optional=False, weight=weight)
 
 
 # --- route B: the functional API -------------------------------------------------

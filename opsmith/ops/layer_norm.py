@@ -7,7 +7,7 @@ from typing import List, Optional, Tuple, Union
 
 import torch
 
-from . import check_not_shape, register_fake
+from . import check_param, register_fake
 from .. import _library, _sharding  # noqa: F401  (loads the library: torch.ops.opsmith.* exists after this)
 from . import _vmap
 
@@ -35,7 +35,7 @@ def layer_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None,
     backward and forward-mode AD raise. A weight or bias that gets no
     gradient (frozen, or not asked for by ``torch.autograd.grad``) costs no
     column sums in the backward."""
-    check_not_shape("layer_norm", weight=weight, bias=bias)
+    check_param("layer_norm", weight=weight, bias=bias)
     return _layer_norm_fwd(x, weight, bias, eps)[0]
 
 

@@ -7,7 +7,7 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from . import check_not_shape, register_fake
+from . import check_param, register_fake
 from .. import _library, _sharding  # noqa: F401  (loads the library: torch.ops.opsmith.* exists after this)
 from . import _vmap
 
@@ -68,7 +68,7 @@ def rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: Option
     backward."""
     if casting_mode not in CASTING_MODES:
         raise ValueError(f"rms_norm: casting_mode must be 'none', 'llama' or 'gemma', got {casting_mode!r}")
-    check_not_shape("rms_norm", weight=weight)
+    check_param("rms_norm", weight=weight)
     if out_dtype is None:
         out_dtype = _default_out_dtype(x, weight, casting_mode)
     return _rms_norm_fwd(x, weight, eps, offset, casting_mode, out_dtype, inplace_backward)[0]
