@@ -63,6 +63,7 @@ struct StepScalars {
     double beta1, beta2, eps, weight_decay;
     const float *clip_ptr;
     int amsgrad, maximize;
+    int reversed; /* the launch's tensors and each one's chunks last first */
 };
 
 static_assert(sizeof(StepTable) + sizeof(StepScalars) < 32000, "kernel arguments stay under CUDA's 32764 bytes");
@@ -81,28 +82,32 @@ __device__ __forceinline__ int slot_of(const int32_t *first, int nt, int b) {
 
 template <typename T> __device__ __forceinline__ float load1(const T *p) { return to_acc(p[0]); }
 
-/* 4 consecutive elements as floats (p aligned to 4 elements). */
-template <typename T> __device__ __forceinline__ void load4(const T *p, float *out) {
+/* 4 consecutive elements as floats (p aligned to 4 elements). LAST_USE:
+ * a streaming load (evict-first in L2), for roles the step reads once. */
+template <typename T, bool LAST_USE = false> __device__ __forceinline__ void load4(const T *p, float *out) {
     if constexpr (sizeof(T) == 4) {
-        const float4 q = *reinterpret_cast<const float4 *>(p);
+        const float4 q = LAST_USE ? __ldcs(reinterpret_cast<const float4 *>(p)) : *reinterpret_cast<const float4 *>(p);
         out[0] = q.x, out[1] = q.y, out[2] = q.z, out[3] = q.w;
     } else {
-        const uint2 q = *reinterpret_cast<const uint2 *>(p);
+        const uint2 q = LAST_USE ? __ldcs(reinterpret_cast<const uint2 *>(p)) : *reinterpret_cast<const uint2 *>(p);
         const T *e = reinterpret_cast<const T *>(&q);
 #pragma unroll
         for (int k = 0; k < 4; k++) out[k] = to_acc(e[k]);
     }
 }
 
+/* A streaming store (evict-first): the step's writes are not read again in
+ * the call, and left as ordinary lines they would push out of L2 the
+ * gradients the norm pass read last, which the step reads first. */
 template <typename T> __device__ __forceinline__ void store4(T *p, const float *in) {
     if constexpr (sizeof(T) == 4) {
-        *reinterpret_cast<float4 *>(p) = make_float4(in[0], in[1], in[2], in[3]);
+        __stcs(reinterpret_cast<float4 *>(p), make_float4(in[0], in[1], in[2], in[3]));
     } else {
         uint2 q;
         T *e = reinterpret_cast<T *>(&q);
 #pragma unroll
         for (int k = 0; k < 4; k++) e[k] = from_acc<T>(in[k]);
-        *reinterpret_cast<uint2 *>(p) = q;
+        __stcs(reinterpret_cast<uint2 *>(p), q);
     }
 }
 
@@ -136,7 +141,9 @@ __global__ void __launch_bounds__(THREADS) adamw_step_kernel(const StepTable tab
 
 template <typename P, typename G> __device__ __forceinline__ void step_chunk(const StepTable &tab, const StepScalars &s) {
     const int t = slot_of(tab.first, tab.nt, (int)blockIdx.x);
-    const int64_t off = (int64_t)((int)blockIdx.x - tab.first[t]) * OPSMITH_ADAMW_CHUNK;
+    /* reversed (s.reversed): a tensor's last chunk first, as the host lists the tensors last first */
+    const int chunk = s.reversed ? tab.first[t + 1] - 1 - (int)blockIdx.x : (int)blockIdx.x - tab.first[t];
+    const int64_t off = (int64_t)chunk * OPSMITH_ADAMW_CHUNK;
     const int64_t rest = tab.n[t] - off;
     const int len = (int)(rest < OPSMITH_ADAMW_CHUNK ? rest : OPSMITH_ADAMW_CHUNK);
     P *__restrict__ p = static_cast<P *>(tab.p[t]) + off;
@@ -172,11 +179,11 @@ template <typename P, typename G> __device__ __forceinline__ void step_chunk(con
             const int e = 4 * i;
             float pw[4], gw[4], mw[4], vw[4], xw[4] = {0.f, 0.f, 0.f, 0.f};
             load4(g + e, gw);
-            if (master) load4(master + e, pw);
-            else load4(p + e, pw);
-            load4(m + e, mw);
-            load4(v + e, vw);
-            if (ams) load4(vmax + e, xw);
+            if (master) load4<float, true>(master + e, pw);
+            else load4<P, true>(p + e, pw);
+            load4<float, true>(m + e, mw);
+            load4<float, true>(v + e, vw);
+            if (ams) load4<float, true>(vmax + e, xw);
 #pragma unroll
             for (int k = 0; k < 4; k++) pw[k] = update(c, ams, pw[k], gw[k], mw[k], vw[k], xw[k]);
             if (master) store4(master + e, pw);
@@ -298,7 +305,11 @@ extern "C" opsmith_status opsmith_adamw_step_cuda(
                                                           master_params, steps, lr, lr_tensor, beta1, beta2, eps,
                                                           weight_decay, amsgrad);
     if (st != OPSMITH_STATUS_SUCCESS || count == 0) return st;
-    const StepScalars s{(float)lr, lr_tensor, beta1, beta2, eps, weight_decay, clip_coef, amsgrad, maximize};
+    /* After the gradient-norm pass (clip_coef), the gradients it read last are
+     * still in L2: the step walks the list backwards to read them first. */
+    const bool reversed = clip_coef != nullptr;
+    const StepScalars s{(float)lr, lr_tensor, beta1,   beta2,   eps,
+                        weight_decay, clip_coef, amsgrad, maximize, reversed ? 1 : 0};
     cudaStream_t cs = reinterpret_cast<cudaStream_t>(stream);
     DeviceInfo dev;
     int device;
@@ -321,7 +332,8 @@ extern "C" opsmith_status opsmith_adamw_step_cuda(
                 nt = 0, nb = 0;
                 return launch_status();
             };
-            for (int64_t t = 0; t < count; t++) {
+            for (int64_t i = 0; i < count; i++) {
+                const int64_t t = reversed ? count - 1 - i : i;
                 const int64_t n = numels[t];
                 if (n == 0) continue;
                 if (nt == MAX_TENSORS) {
