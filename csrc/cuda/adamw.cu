@@ -63,6 +63,7 @@ struct StepScalars {
     double beta1, beta2, eps, weight_decay;
     const float *clip_ptr;
     int amsgrad, maximize;
+    int reversed; /* the launch's tensors and each one's chunks last first */
 };
 
 static_assert(sizeof(StepTable) + sizeof(StepScalars) < 32000, "kernel arguments stay under CUDA's 32764 bytes");
@@ -81,28 +82,35 @@ __device__ __forceinline__ int slot_of(const int32_t *first, int nt, int b) {
 
 template <typename T> __device__ __forceinline__ float load1(const T *p) { return to_acc(p[0]); }
 
-/* 4 consecutive elements as floats (p aligned to 4 elements). */
-template <typename T> __device__ __forceinline__ void load4(const T *p, float *out) {
+/* 4 consecutive elements as floats (p aligned to 4 elements). STREAM:
+ * a streaming load (evict-first in L2), for roles the step reads once. */
+template <typename T, bool STREAM = false> __device__ __forceinline__ void load4(const T *p, float *out) {
     if constexpr (sizeof(T) == 4) {
-        const float4 q = *reinterpret_cast<const float4 *>(p);
+        const float4 q = STREAM ? __ldcs(reinterpret_cast<const float4 *>(p)) : *reinterpret_cast<const float4 *>(p);
         out[0] = q.x, out[1] = q.y, out[2] = q.z, out[3] = q.w;
     } else {
-        const uint2 q = *reinterpret_cast<const uint2 *>(p);
+        const uint2 q = STREAM ? __ldcs(reinterpret_cast<const uint2 *>(p)) : *reinterpret_cast<const uint2 *>(p);
         const T *e = reinterpret_cast<const T *>(&q);
 #pragma unroll
         for (int k = 0; k < 4; k++) out[k] = to_acc(e[k]);
     }
 }
 
-template <typename T> __device__ __forceinline__ void store4(T *p, const float *in) {
+/* STREAM: a streaming store (evict-first). After the norm pass the step's
+ * writes, left as ordinary lines, would push out of L2 the gradients the
+ * norm pass read last, which the step then reads first. */
+template <typename T, bool STREAM = false> __device__ __forceinline__ void store4(T *p, const float *in) {
     if constexpr (sizeof(T) == 4) {
-        *reinterpret_cast<float4 *>(p) = make_float4(in[0], in[1], in[2], in[3]);
+        const float4 q = make_float4(in[0], in[1], in[2], in[3]);
+        if (STREAM) __stcs(reinterpret_cast<float4 *>(p), q);
+        else *reinterpret_cast<float4 *>(p) = q;
     } else {
         uint2 q;
         T *e = reinterpret_cast<T *>(&q);
 #pragma unroll
         for (int k = 0; k < 4; k++) e[k] = from_acc<T>(in[k]);
-        *reinterpret_cast<uint2 *>(p) = q;
+        if (STREAM) __stcs(reinterpret_cast<uint2 *>(p), q);
+        else *reinterpret_cast<uint2 *>(p) = q;
     }
 }
 
@@ -125,18 +133,23 @@ __device__ __forceinline__ float update(const Consts &c, bool amsgrad, float p, 
     return __fmul_rn(p, c.decay) + -c.step_size * __fdiv_rn(m, denom);
 }
 
-template <typename P, typename G> __device__ __forceinline__ void step_chunk(const StepTable &tab, const StepScalars &s);
+template <typename P, typename G, bool STREAM>
+__device__ __forceinline__ void step_chunk(const StepTable &tab, const StepScalars &s);
 
-template <typename P, typename G>
+/* STREAM: the state's loads and stores evict-first (the step after a norm pass) */
+template <typename P, typename G, bool STREAM>
 __global__ void __launch_bounds__(THREADS) adamw_step_kernel(const StepTable tab, const StepScalars s) {
     let_next_launch_start();
-    step_chunk<P, G>(tab, s);
+    step_chunk<P, G, STREAM>(tab, s);
     wait_for_previous_launch();
 }
 
-template <typename P, typename G> __device__ __forceinline__ void step_chunk(const StepTable &tab, const StepScalars &s) {
+template <typename P, typename G, bool STREAM>
+__device__ __forceinline__ void step_chunk(const StepTable &tab, const StepScalars &s) {
     const int t = slot_of(tab.first, tab.nt, (int)blockIdx.x);
-    const int64_t off = (int64_t)((int)blockIdx.x - tab.first[t]) * OPSMITH_ADAMW_CHUNK;
+    /* reversed (s.reversed): a tensor's last chunk first, as the host lists the tensors last first */
+    const int chunk = s.reversed ? tab.first[t + 1] - 1 - (int)blockIdx.x : (int)blockIdx.x - tab.first[t];
+    const int64_t off = (int64_t)chunk * OPSMITH_ADAMW_CHUNK;
     const int64_t rest = tab.n[t] - off;
     const int len = (int)(rest < OPSMITH_ADAMW_CHUNK ? rest : OPSMITH_ADAMW_CHUNK);
     P *__restrict__ p = static_cast<P *>(tab.p[t]) + off;
@@ -172,18 +185,18 @@ template <typename P, typename G> __device__ __forceinline__ void step_chunk(con
             const int e = 4 * i;
             float pw[4], gw[4], mw[4], vw[4], xw[4] = {0.f, 0.f, 0.f, 0.f};
             load4(g + e, gw);
-            if (master) load4(master + e, pw);
-            else load4(p + e, pw);
-            load4(m + e, mw);
-            load4(v + e, vw);
-            if (ams) load4(vmax + e, xw);
+            if (master) load4<float, STREAM>(master + e, pw);
+            else load4<P, STREAM>(p + e, pw);
+            load4<float, STREAM>(m + e, mw);
+            load4<float, STREAM>(v + e, vw);
+            if (ams) load4<float, STREAM>(vmax + e, xw);
 #pragma unroll
             for (int k = 0; k < 4; k++) pw[k] = update(c, ams, pw[k], gw[k], mw[k], vw[k], xw[k]);
-            if (master) store4(master + e, pw);
-            store4(p + e, pw);
-            store4(m + e, mw);
-            store4(v + e, vw);
-            if (ams) store4(vmax + e, xw);
+            if (master) store4<float, STREAM>(master + e, pw);
+            store4<P, STREAM>(p + e, pw);
+            store4<float, STREAM>(m + e, mw);
+            store4<float, STREAM>(v + e, vw);
+            if (ams) store4<float, STREAM>(vmax + e, xw);
         }
         start = 4 * nvec;
     }
@@ -298,7 +311,16 @@ extern "C" opsmith_status opsmith_adamw_step_cuda(
                                                           master_params, steps, lr, lr_tensor, beta1, beta2, eps,
                                                           weight_decay, amsgrad);
     if (st != OPSMITH_STATUS_SUCCESS || count == 0) return st;
-    const StepScalars s{(float)lr, lr_tensor, beta1, beta2, eps, weight_decay, clip_coef, amsgrad, maximize};
+    /* After the gradient-norm pass (clip_coef), the gradients it read last are
+     * still in L2: the step walks the list backwards to read them first, its
+     * state streaming past them. OPSMITH_ADAMW_CLIP_ORDER=0 and
+     * OPSMITH_ADAMW_CLIP_STREAM=0 turn each off (for comparing in one build). */
+    static const bool clip_reversed = tuning_env("OPSMITH_ADAMW_CLIP_ORDER", 1, 0, 1) != 0;
+    static const bool clip_stream = tuning_env("OPSMITH_ADAMW_CLIP_STREAM", 1, 0, 1) != 0;
+    const bool reversed = clip_coef != nullptr && clip_reversed;
+    const bool streaming = clip_coef != nullptr && clip_stream;
+    const StepScalars s{(float)lr, lr_tensor, beta1,   beta2,   eps,
+                        weight_decay, clip_coef, amsgrad, maximize, reversed ? 1 : 0};
     cudaStream_t cs = reinterpret_cast<cudaStream_t>(stream);
     DeviceInfo dev;
     int device;
@@ -316,12 +338,16 @@ extern "C" opsmith_status opsmith_adamw_step_cuda(
                 tab.first[nt] = nb;
                 tab.nt = nt;
                 /* the first launch of the call waits for whatever came before it as usual */
-                launch_in_call(adamw_step_kernel<P, G>, nb, cs, overlap && launches > 0, tab, s);
+                if (streaming)
+                    launch_in_call(adamw_step_kernel<P, G, true>, nb, cs, overlap && launches > 0, tab, s);
+                else
+                    launch_in_call(adamw_step_kernel<P, G, false>, nb, cs, overlap && launches > 0, tab, s);
                 launches++;
                 nt = 0, nb = 0;
                 return launch_status();
             };
-            for (int64_t t = 0; t < count; t++) {
+            for (int64_t i = 0; i < count; i++) {
+                const int64_t t = reversed ? count - 1 - i : i;
                 const int64_t n = numels[t];
                 if (n == 0) continue;
                 if (nt == MAX_TENSORS) {
