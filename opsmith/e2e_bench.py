@@ -28,7 +28,8 @@ backward, optimizer), each from the allocation at the start of that phase.
 Each configuration runs in its own process (patches are process-wide and
 memory is measured from a clean start): tokens/s over timed steps after
 warm-up, and the peak allocated memory. `--max-batch` also finds the largest
-batch each fits (doubling, then bisecting). Results as JSON, a Markdown table
+batch each fits (from the batch its measured memory predicts: that one
+fits and one more does not, or a galloping search and bisection). Results as JSON, a Markdown table
 and a PNG under --out."""
 import argparse
 import json
@@ -123,7 +124,8 @@ def one(config: str, batch: int, seq: int, steps: int, warmup: int, device: str 
             "tokens_per_s": batch * seq / (ms / 1e3),
             "peak_gib": peak_gib, "phase_gib": phase_gib,
             "loss": loss.item(), "optimizer": optimizer_name, "transformers": transformers.__version__,
-            "torch": torch.__version__, "gpu": torch.cuda.get_device_name() if cuda else "cpu"}
+            "torch": torch.__version__, "gpu": torch.cuda.get_device_name() if cuda else "cpu",
+            "device_gib": torch.cuda.get_device_properties(device).total_memory / 2**30 if cuda else None}
 
 
 def _child(config, batch, seq, steps, warmup, timeout):
@@ -141,22 +143,59 @@ def _child(config, batch, seq, steps, warmup, timeout):
     return {"config": config, "batch": batch, "error": "out of memory" if oom else " | ".join(tail)[-400:]}
 
 
-def max_batch(config, seq, timeout, limit=64):
-    """The largest batch that trains a step without running out of memory."""
-    ok, bad, b = 0, None, 1
-    while bad is None and b <= limit:
-        r = _child(config, b, seq, 1, 1, timeout)
-        if "error" in r:
-            bad = b
-        else:
-            ok, b = b, b * 2
-    if bad is None:
+def batch_guess(measured: dict, limit: int) -> int:
+    """The largest batch the measured run's memory predicts, taking the peak
+    beyond the step's starting allocation (weights, optimizer state) as
+    proportional to the batch, and 2 GiB of the device as the context's and
+    the allocator's. The search below only starts there: it verifies."""
+    before = (measured.get("phase_gib") or {}).get("before")
+    device_gib, peak, batch = measured.get("device_gib"), measured.get("peak_gib"), measured.get("batch")
+    if not (before is not None and device_gib and peak and batch) or peak <= before:
+        return 1
+    per_batch = (peak - before) / batch
+    return max(1, min(limit, int((device_gib - 2.0 - before) / per_batch)))
+
+
+def largest_fitting(fits, ok: int, guess: int, limit: int) -> int:
+    """The largest b <= limit with fits(b), given fits(ok) (0: none known) and
+    fits monotone: from `guess` gallop up (or down) until the answer changes,
+    then bisect. A right guess costs two probes (guess fits, guess + 1 not)."""
+    bad = limit + 1
+    b = min(max(guess, ok + 1), limit)
+    step = 1
+    if b <= ok:
         return ok
+    if fits(b):
+        ok = b
+        while ok < limit:
+            b = min(ok + step, limit)
+            if not fits(b):
+                bad = b
+                break
+            ok, step = b, step * 2
+        else:
+            return ok
+    else:
+        bad = b
+        while bad - ok > 1:
+            b = max(bad - step, ok + 1)
+            if fits(b):
+                ok = b
+                break
+            bad, step = b, step * 2
     while bad - ok > 1:
         mid = (ok + bad) // 2
-        r = _child(config, mid, seq, 1, 1, timeout)
-        ok, bad = (mid, bad) if "error" not in r else (ok, mid)
+        ok, bad = (mid, bad) if fits(mid) else (ok, mid)
     return ok
+
+
+def max_batch(config, seq, timeout, measured=None, limit=256):
+    """The largest batch that trains a step without running out of memory,
+    searched from the guess the measured run's memory gives."""
+    def fits(b):
+        return "error" not in _child(config, b, seq, 1, 1, timeout)
+    ok = measured["batch"] if measured and "error" not in measured else 0
+    return largest_fitting(fits, ok, batch_guess(measured or {}, limit), limit)
 
 
 def table(results) -> str:
@@ -210,11 +249,17 @@ def run(out_dir, configs=CONFIGS, batch=4, seq=4096, steps=5, warmup=3, find_max
         t0 = time.time()
         r = _child(config, batch, seq, steps, warmup, timeout)
         if find_max and "error" not in r:
-            r["max_batch"] = max_batch(config, seq, timeout)
+            r["max_batch"] = max_batch(config, seq, timeout, measured=r)
         results.append(r)
         print(f"{config}: " + (f"{r['tokens_per_s']:,.0f} tokens/s, peak {r['peak_gib']:.1f} GiB"
                                if "error" not in r else f"failed: {r['error']}") + f" ({time.time() - t0:.0f} s)",
               flush=True)
+    return write(out_dir, results)
+
+
+def write(out_dir, results) -> int:
+    """e2e.json, e2e.md and e2e.png under out_dir; 1 if a configuration failed."""
+    os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "e2e.json"), "w") as f:
         json.dump(results, f, indent=1)
     text = table(results)
@@ -223,6 +268,21 @@ def run(out_dir, configs=CONFIGS, batch=4, seq=4096, steps=5, warmup=3, find_max
     plot(results, os.path.join(out_dir, "e2e.png"))
     print(text)
     return 0 if all("error" not in r for r in results) else 1
+
+
+def merge(out_dir, parts) -> int:
+    """One table of runs made in parts (each an --out directory of a subset of
+    the configurations, on one machine), in CONFIGS order."""
+    results = []
+    for d in parts:
+        with open(os.path.join(d, "e2e.json")) as f:
+            results += json.load(f)
+    gpus = {r.get("gpu") for r in results if "error" not in r}
+    if len(gpus) > 1:
+        print(f"opsmith.e2e_bench --merge: the parts ran on different GPUs ({sorted(gpus)})", file=sys.stderr)
+        return 2
+    results.sort(key=lambda r: CONFIGS.index(r["config"]) if r["config"] in CONFIGS else len(CONFIGS))
+    return write(out_dir, results)
 
 
 def main(argv=None) -> int:
@@ -237,7 +297,10 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=os.path.join("bench", "results", "latest-e2e"))
     p.add_argument("--device", default="cuda", help="with --one: cpu for the smoke test")
     p.add_argument("--tiny", action="store_true", help="with --one: a 2-layer stand-in (smoke test)")
+    p.add_argument("--merge", nargs="+", metavar="DIR", help="combine these runs' e2e.json into --out")
     args = p.parse_args(argv)
+    if args.merge:
+        return merge(args.out, args.merge)
     if args.one:
         print(json.dumps(one(args.one, args.batch, args.seq, args.steps, args.warmup, args.device, args.tiny)))
         return 0

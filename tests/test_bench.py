@@ -127,3 +127,50 @@ def test_e2e_training_step_runs_each_way_on_a_tiny_model():
     # one optimizer step in: bf16 models, the same data; the losses agree to bf16
     for config in ("opsmith", "opsmith_adamw", "opsmith_compile"):
         assert abs(out[config]["loss"] - out["hf_eager"]["loss"]) < 0.05 * out["hf_eager"]["loss"]
+
+
+def test_e2e_largest_batch_search_finds_the_boundary_from_any_guess():
+    """The largest-batch search: for every true answer and every guess, the
+    largest fitting batch, probing nothing above the limit, nothing twice,
+    and two probes when the guess is right."""
+    from opsmith.e2e_bench import largest_fitting
+    limit = 40
+    for answer in range(0, limit + 1):
+        for guess in range(1, limit + 1):
+            probes = []
+
+            def fits(b):
+                assert 1 <= b <= limit and b not in probes
+                probes.append(b)
+                return b <= answer
+            ok = min(answer, 4) if answer else 0  # the measured batch, when it fitted
+            assert largest_fitting(fits, ok, guess, limit) == answer, (answer, guess, probes)
+            if guess == answer and ok < answer < limit:
+                assert probes == [answer, answer + 1]
+            assert len(probes) <= 2 * limit.bit_length() + 2
+
+
+def test_e2e_batch_guess_from_the_measured_memory():
+    from opsmith.e2e_bench import batch_guess
+    # 7 GiB before the step, 57 at batch 4: 12.5 GiB a sequence; 139 GiB device, 2 kept back
+    measured = {"batch": 4, "peak_gib": 57.0, "phase_gib": {"before": 7.0}, "device_gib": 139.0}
+    assert batch_guess(measured, 256) == int((139 - 2 - 7) / 12.5) == 10
+    assert batch_guess(measured, 8) == 8
+    assert batch_guess({"batch": 4, "peak_gib": 5.0}, 256) == 1  # nothing to go on: start at one
+
+
+def test_e2e_merge_keeps_the_configuration_order_and_refuses_mixed_gpus(tmp_path):
+    from opsmith import e2e_bench
+    row = {"batch": 4, "seq": 16, "tokens_per_s": 1.0, "ms_per_step": 1.0, "peak_gib": 1.0, "loss": 1.0,
+           "optimizer": "o", "gpu": "G"}
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a" / "e2e.json").write_text(json.dumps([dict(row, config="opsmith_compile")]))
+    (tmp_path / "b" / "e2e.json").write_text(json.dumps([dict(row, config="hf_eager"), dict(row, config="opsmith")]))
+    out = tmp_path / "all"
+    assert e2e_bench.main(["--merge", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(out)]) == 0
+    assert [r["config"] for r in json.loads((out / "e2e.json").read_text())] == ["hf_eager", "opsmith",
+                                                                                  "opsmith_compile"]
+    assert (out / "e2e.md").read_text().count("| opsmith") == 2
+    (tmp_path / "a" / "e2e.json").write_text(json.dumps([dict(row, config="opsmith_compile", gpu="H")]))
+    assert e2e_bench.main(["--merge", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(out)]) == 2
