@@ -312,11 +312,13 @@ extern "C" opsmith_status opsmith_adamw_step_cuda(
                                                           weight_decay, amsgrad);
     if (st != OPSMITH_STATUS_SUCCESS || count == 0) return st;
     /* After the gradient-norm pass (clip_coef), the gradients it read last are
-     * still in L2: the step walks the list backwards to read them first, its
-     * state streaming past them. OPSMITH_ADAMW_CLIP_ORDER=0 and
-     * OPSMITH_ADAMW_CLIP_STREAM=0 turn each off (for comparing in one build). */
+     * still in L2: the step walks the list backwards to read them first.
+     * OPSMITH_ADAMW_CLIP_ORDER=0 turns that off; OPSMITH_ADAMW_CLIP_STREAM=1
+     * makes the state's loads and stores evict-first (on the H200 the 8000
+     * small tensors' clip 1.145x -> 1.124x the step, the Llama-like set's
+     * 1.132x -> 1.178x: off unless asked). */
     static const bool clip_reversed = tuning_env("OPSMITH_ADAMW_CLIP_ORDER", 1, 0, 1) != 0;
-    static const bool clip_stream = tuning_env("OPSMITH_ADAMW_CLIP_STREAM", 1, 0, 1) != 0;
+    static const bool clip_stream = tuning_env("OPSMITH_ADAMW_CLIP_STREAM", 0, 0, 1) != 0;
     const bool reversed = clip_coef != nullptr && clip_reversed;
     const bool streaming = clip_coef != nullptr && clip_stream;
     const StepScalars s{(float)lr, lr_tensor, beta1,   beta2,   eps,
