@@ -244,8 +244,7 @@ def _mlp_forward(self, x):
     if activation is None:  # set after patching: compute as Hugging Face does
         return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
     gate, up = self.gate_proj(x), self.up_proj(x)
-    if getattr(self, "_opsmith_glu_recompute", True) and torch.is_grad_enabled() and _plain_linear(self.down_proj) \
-            and not torch.compiler.is_compiling():
+    if getattr(self, "_opsmith_glu_recompute", True) and torch.is_grad_enabled() and _plain_linear(self.down_proj):
         # training: act(gate) * up is not kept for down_proj's weight gradient
         # but made again in the backward's GLU pass (one rows x I tensor an MLP
         # less memory, the same gradients)
@@ -566,8 +565,8 @@ def patch(model_or_class=None, *, model_type: Optional[str] = None, rms_norm: bo
     glu_recompute: when training, the patched MLP keeps no act(gate) * up
     for down_proj's weight gradient: the backward's GLU pass makes it again
     (one [tokens, intermediate] tensor an MLP less memory, the same
-    gradients; a down_proj that is not a plain torch.nn.Linear, or hooked,
-    and torch.compile take the usual path).
+    gradients, under torch.compile too; a down_proj that is not a plain
+    torch.nn.Linear, or hooked, takes the usual path).
 
     norm_recompute (with rms_norm): when training, the tensors q/k/v_proj and
     gate/up_proj keep for their weight gradients, the norm's output, are not
