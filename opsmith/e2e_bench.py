@@ -28,9 +28,10 @@ backward, optimizer), each from the allocation at the start of that phase.
 Each configuration runs in its own process (patches are process-wide and
 memory is measured from a clean start): tokens/s over timed steps after
 warm-up, and the peak allocated memory. `--max-batch` also finds the largest
-batch each fits (from the batch its measured memory predicts: that one
-fits and one more does not, or a galloping search and bisection). Results as JSON, a Markdown table
-and a PNG under --out."""
+batch each fits, starting from the batch its measured memory predicts (two
+probes when that is right: it fits and one more does not). Results as JSON,
+a Markdown table and a PNG under --out; `--merge DIR...` joins runs made in
+parts."""
 import argparse
 import json
 import os
@@ -243,7 +244,6 @@ def run(out_dir, configs=CONFIGS, batch=4, seq=4096, steps=5, warmup=3, find_max
     if not torch.cuda.is_available():
         print("opsmith bench --e2e: needs a CUDA device", file=sys.stderr)
         return 2
-    os.makedirs(out_dir, exist_ok=True)
     results = []
     for config in configs:
         t0 = time.time()
