@@ -212,45 +212,34 @@ def test_patching_twice_and_flags(restore_modeling):
         is not None  # the unfused loss path keeps its logits
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled_layers"])
 @pytest.mark.parametrize("device", DEVICES)
-def test_glu_recompute_keeps_no_mlp_product(device, restore_modeling):
+def test_glu_recompute_keeps_no_mlp_product(device, compiled, restore_modeling):
     """Training, the patched MLP keeps no act(gate) * up for down_proj
     (glu_recompute, the default): exactly one [tokens, intermediate] tensor an
-    MLP fewer saved for the backward, the same loss and gradients; a hooked
-    down_proj is still called."""
+    MLP fewer saved for the backward, the same loss and gradients, with the
+    decoder layers compiled too (as the README advises); a hooked down_proj is
+    still called."""
     from opsmith.bench import saved_tensor_bytes
     ref = build("llama", torch.float32, device)
     kept = hf.patch(copy.deepcopy(ref), glu_recompute=False)
     recomputed = hf.patch(copy.deepcopy(ref))
+    if compiled:
+        for model in (kept, recomputed):
+            for layer in model.model.layers:
+                layer.compile(backend="aot_eager")
     ids, labels = batch(ref, device)
     out_k, bytes_k = saved_tensor_bytes(lambda: kept(input_ids=ids, labels=labels))
     out_r, bytes_r = saved_tensor_bytes(lambda: recomputed(input_ids=ids, labels=labels))
     cfg = ref.config
     assert bytes_k - bytes_r == cfg.num_hidden_layers * ids.numel() * cfg.intermediate_size * 4
     assert_same_training(kept, recomputed, ids, labels, rtol=1e-6, atol=1e-7)
+    if compiled:
+        return
     calls = []
     recomputed.model.layers[0].mlp.down_proj.register_forward_hook(lambda *a: calls.append(1))
     recomputed(input_ids=ids, labels=labels).loss.backward()
     assert calls == [1]
-
-
-def test_glu_recompute_under_compile(restore_modeling):
-    """Compiled decoder layers (as the README advises) keep the MLP's memory
-    saving: one [tokens, intermediate] tensor a layer fewer saved than with
-    glu_recompute=False, the same loss and gradients."""
-    from opsmith.bench import saved_tensor_bytes
-    ref = build("llama", torch.float32, "cpu")
-    kept = hf.patch(copy.deepcopy(ref), glu_recompute=False)
-    recomputed = hf.patch(copy.deepcopy(ref))
-    for model in (kept, recomputed):
-        for layer in model.model.layers:
-            layer.compile(backend="aot_eager")
-    ids, labels = batch(ref, "cpu")
-    out_k, bytes_k = saved_tensor_bytes(lambda: kept(input_ids=ids, labels=labels))
-    out_r, bytes_r = saved_tensor_bytes(lambda: recomputed(input_ids=ids, labels=labels))
-    cfg = ref.config
-    assert bytes_k - bytes_r == cfg.num_hidden_layers * ids.numel() * cfg.intermediate_size * 4
-    assert_same_training(kept, recomputed, ids, labels, rtol=1e-6, atol=1e-7)
 
 
 @pytest.mark.parametrize("device", DEVICES)
