@@ -257,7 +257,7 @@ template <int ITERS, int S> __device__ __forceinline__ int64_t warp_elements(int
  * memory once; otherwise they are L1/L2 hits loaded after the reduction,
  * leaving the registers to x's packs (warp rows: 64 -> ~40 registers at 2
  * packs, more warps and so more rows in flight an SM). */
-template <typename T, typename W, typename A, int ITERS, bool WARP_ROWS>
+template <typename T, typename W, typename A, int ITERS, bool WARP_ROWS, bool EARLY>
 __global__ void __launch_bounds__(kResidentThreads)
 layer_norm_fwd_resident_kernel(int64_t rows, int64_t n, const T *__restrict__ x, int64_t xs,
                                const W *__restrict__ w, const W *__restrict__ b, A eps, T *__restrict__ y,
@@ -266,7 +266,8 @@ layer_norm_fwd_resident_kernel(int64_t rows, int64_t n, const T *__restrict__ x,
     /* a short batch's plan loads the weight and bias once, before the rows,
      * so they are in flight with the first row's x (in the row loop, the
      * compiler issued them after the reduction had begun) */
-    constexpr bool kParamsEarly = ITERS <= 2 && !WARP_ROWS;
+    constexpr bool kParamsEarly = EARLY;
+    static_assert(!EARLY || (ITERS <= 2 && !WARP_ROWS), "the early parameters are the latency plan's");
     __shared__ A scratch[2][96]; /* row_moments' alternating halves */
     const RowGroup<WARP_ROWS> g;
     const int64_t steps = n / S;
@@ -737,19 +738,26 @@ template <typename T, typename W, typename A> using BwdKernel =
     void (*)(int64_t, int64_t, const T *, int64_t, const T *, int64_t, const W *, const A *, const A *, T *, int64_t,
              A *, int64_t);
 
-template <typename T, typename W, typename A> FwdKernel<T, W, A> fwd_resident_kernel(int iters, bool warp_rows) {
+template <typename T, typename W, typename A>
+FwdKernel<T, W, A> fwd_resident_kernel(int iters, bool warp_rows, bool latency) {
     if (warp_rows) {
         switch (iters) {
-        case 1: return layer_norm_fwd_resident_kernel<T, W, A, 1, true>;
-        case 2: return layer_norm_fwd_resident_kernel<T, W, A, 2, true>;
-        default: return layer_norm_fwd_resident_kernel<T, W, A, 4, true>;
+        case 1: return layer_norm_fwd_resident_kernel<T, W, A, 1, true, false>;
+        case 2: return layer_norm_fwd_resident_kernel<T, W, A, 2, true, false>;
+        default: return layer_norm_fwd_resident_kernel<T, W, A, 4, true, false>;
         }
     }
+    /* the weight and bias in registers before the rows only for a short
+     * batch: in the throughput plan they cost the registers that keep more
+     * rows in flight (2 packs a thread: 86 against 63, bf16) */
+    if (latency && iters <= 2)
+        return iters == 1 ? layer_norm_fwd_resident_kernel<T, W, A, 1, false, true>
+                          : layer_norm_fwd_resident_kernel<T, W, A, 2, false, true>;
     switch (iters) {
-    case 1: return layer_norm_fwd_resident_kernel<T, W, A, 1, false>;
-    case 2: return layer_norm_fwd_resident_kernel<T, W, A, 2, false>;
-    case 4: return layer_norm_fwd_resident_kernel<T, W, A, 4, false>;
-    default: return layer_norm_fwd_resident_kernel<T, W, A, 8, false>;
+    case 1: return layer_norm_fwd_resident_kernel<T, W, A, 1, false, false>;
+    case 2: return layer_norm_fwd_resident_kernel<T, W, A, 2, false, false>;
+    case 4: return layer_norm_fwd_resident_kernel<T, W, A, 4, false, false>;
+    default: return layer_norm_fwd_resident_kernel<T, W, A, 8, false, false>;
     }
 }
 
@@ -779,11 +787,11 @@ template <typename T, typename W, typename A> BwdKernel<T, W, A> bwd_staged_kern
 
 const Launch kGeneric{nullptr, 0, 0, 0, 0, "generic"};
 
-/* Rows of at most kWarpRowPacks packs take a warp a row in the forward's
- * throughput plan: no block barrier, and kWarpRowsBlock / 32 rows in flight
- * a block instead of one short row a block of 64 threads (which capped an
- * SM at 32 rows of 1 KB in flight at n = 512 bf16). */
-constexpr int64_t kWarpRowPacks = 32 * 4;
+/* Rows of at most norm_tuning().warp_row_packs packs (kWarpRowPacks,
+ * norm_plan.cuh) take a warp a row in the forward's throughput plan: no
+ * block barrier, and kWarpRowsBlock / 32 rows in flight a block instead of
+ * one short row a block of 64 threads (which capped an SM at 32 rows of
+ * 1 KB in flight at n = 512 bf16). */
 constexpr int kWarpRowsBlock = 256;
 
 /* Forward plan for packed rows: a short batch (no more rows than SMs) the
@@ -795,17 +803,17 @@ template <typename T, typename W, typename A> Launch fwd_launch(int64_t rows, in
     if (n % vec != 0) return kGeneric;
     const int64_t steps = n / vec;
     const bool latency = rows <= sm_count();
-    if (!latency && steps <= kWarpRowPacks) {
+    if (!latency && steps <= norm_tuning().warp_row_packs) {
         int iters = 1;
         while (32 * iters < steps) iters *= 2;
         const int64_t per_block = kWarpRowsBlock / 32, blocks = (rows + per_block - 1) / per_block;
-        return Launch{reinterpret_cast<const void *>(fwd_resident_kernel<T, W, A>(iters, true)), kWarpRowsBlock, 1,
+        return Launch{reinterpret_cast<const void *>(fwd_resident_kernel<T, W, A>(iters, true, false)), kWarpRowsBlock, 1,
                       0, blocks < kMaxGrid ? blocks : kMaxGrid, "warp"};
     }
     const Resident res = norm_fwd_resident(steps, latency, latency ? kResidentIters : 4);
     if (!res.iters) return kGeneric;
     const int64_t grid = rows < kMaxGrid ? rows : kMaxGrid;
-    return Launch{reinterpret_cast<const void *>(fwd_resident_kernel<T, W, A>(res.iters, false)), res.threads, 1, 0,
+    return Launch{reinterpret_cast<const void *>(fwd_resident_kernel<T, W, A>(res.iters, false, latency)), res.threads, 1, 0,
                   grid, "resident"};
 }
 

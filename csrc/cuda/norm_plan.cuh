@@ -134,12 +134,16 @@ constexpr int64_t kRingMinPacks = 1024;
  * 1, 2 or 4; 0, the default: resident_plan's choice),
  * OPSMITH_NORM_LATENCY_PACKS (the same for the latency plan of a short
  * batch, 1, 2, 4 or 8; 0, the default: one pack a thread, the widest
- * block) and OPSMITH_NORM_RING_MIN_PACKS (the ring forward's narrowest
- * row, default kRingMinPacks). Defined in launch_plan.cu. */
+ * block), OPSMITH_NORM_RING_MIN_PACKS (the ring forward's narrowest
+ * row, default kRingMinPacks) and OPSMITH_NORM_WARP_ROW_PACKS (below). Defined in launch_plan.cu. */
 struct NormTuning {
     int fwd_packs, latency_packs;
-    int64_t ring_min_packs;
+    int64_t ring_min_packs, warp_row_packs;
 };
+
+/* LayerNorm's forward takes a warp a row for many rows of at most this many
+ * packs (OPSMITH_NORM_WARP_ROW_PACKS: 0 turns it off, up to 128) */
+constexpr int64_t kWarpRowPacks = 32 * 4;
 const NormTuning &norm_tuning(void);
 
 inline bool norm_ring_applies(int64_t rows, int64_t n, int vec) {
