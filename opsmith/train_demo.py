@@ -224,6 +224,28 @@ def _sync(device):
         torch.cuda.synchronize(device)
 
 
+BATCH_S, BATCHES = 0.02, 9  # per_op_times: seconds a timed batch at least, batches a provider
+
+
+def keep_freed_memory() -> bool:
+    """Asks glibc's malloc to keep freed memory in the process (no mmap per
+    large block, no trim of the heap's top), so a CPU op's output lands on
+    pages already mapped. Otherwise each call's outputs and gradients are
+    fresh mappings whose page faults cost eager PyTorch 1x-3x its own work,
+    differently in each process (the demo's per-op speed-ups moved by up
+    to 2x run to run). True where it took effect (Linux with glibc)."""
+    try:
+        import ctypes
+        import ctypes.util
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD = -1, -2, -3
+    return all(mallopt(opt, val) == 1 for opt, val in
+               ((M_MMAP_THRESHOLD, 64 << 20), (M_TRIM_THRESHOLD, 1 << 30), (M_TOP_PAD, 64 << 20)))
+
+
 def per_op_times(cfg: Config, device, dtype) -> Dict[str, Dict[str, float]]:
     """Forward+backward milliseconds of each op opsmith replaces, at the
     model's shapes: {op: {"opsmith": ms, "torch": ms}} (median of batches)."""
@@ -265,19 +287,26 @@ def per_op_times(cfg: Config, device, dtype) -> Dict[str, Dict[str, float]]:
         cases["lm_head + cross_entropy"] = (lambda a, wh, b: FUSED_LINEAR_CE(a, wh, b),
                                             lambda a, wh, b: F.cross_entropy(F.linear(a, wh).float(), b),
                                             (x, head, t))
+    def seconds(fn, inputs, calls):
+        _sync(device)
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fb(fn, *inputs)
+        _sync(device)
+        return time.perf_counter() - t0
+
+    # batches of at least BATCH_S seconds (5 calls were ~1 ms of a 0.2 ms op),
+    # the two providers interleaved, the median of BATCHES
     out = {}
     for name, (ours, theirs, inputs) in cases.items():
         times = {"opsmith": [], "torch": []}
-        for fn in (ours, theirs):  # warm-up
+        calls = 1
+        for fn in (ours, theirs):  # warm-up, then the calls a batch from the slower
             fb(fn, *inputs)
-        for _ in range(7):
+            calls = max(calls, min(1000, int(BATCH_S / max(seconds(fn, inputs, 1), 1e-6)) + 1))
+        for _ in range(BATCHES):
             for label, fn in (("opsmith", ours), ("torch", theirs)):
-                _sync(device)
-                t0 = time.perf_counter()
-                for _ in range(5):
-                    fb(fn, *inputs)
-                _sync(device)
-                times[label].append((time.perf_counter() - t0) * 1e3 / 5)
+                times[label].append(seconds(fn, inputs, calls) * 1e3 / calls)
         out[name] = {k: statistics.median(v) for k, v in times.items()}
     return out
 
@@ -413,6 +442,9 @@ def main(argv=None) -> int:
           + "".join(f", {n}" for n, have in (("rotary", APPLY_ROTARY), ("cross-entropy", CROSS_ENTROPY),
                                               ("fused lm_head + cross-entropy", FUSED_LINEAR_CE), ("AdamW", OPTIM)) if have is not None)
           + (f"; from PyTorch (not in this build): {', '.join(from_torch)}" if from_torch else ""))
+    if device.type == "cpu" and keep_freed_memory():
+        print("timings with freed memory kept in the process (glibc mallopt): no page faults of fresh "
+              "mappings in either model's numbers")
     log_every = max(1, cfg.steps // 15)
     runs = train(cfg, device, log_every)
     print(f"\n{'step':>6} {'opsmith loss':>13} {'torch loss':>11} {'|diff|':>8}")
