@@ -252,11 +252,10 @@ template <int ITERS, int S> __device__ __forceinline__ int64_t warp_elements(int
 /* Forward for packed rows held in registers: ITERS packs a thread of a row
  * group (WARP_ROWS: a warp a row, blockDim.x / 32 rows a block, for rows of
  * at most 32 x 4 packs; else the block a row). One round of reduction a
- * row (row_moments). With few packs a thread of a block (a short batch's
- * latency plan) the weight and bias are loaded with x, so the row waits on
- * memory once; otherwise they are L1/L2 hits loaded after the reduction,
- * leaving the registers to x's packs (warp rows: 64 -> ~40 registers at 2
- * packs, more warps and so more rows in flight an SM). */
+ * row (row_moments). EARLY (a short batch's latency plan, at most 2 packs a
+ * thread of a block): the weight and bias are loaded with x, so the row
+ * waits on memory once; otherwise they are L1/L2 hits loaded after the
+ * reduction, leaving the registers to x's packs. */
 template <typename T, typename W, typename A, int ITERS, bool WARP_ROWS, bool EARLY>
 __global__ void __launch_bounds__(kResidentThreads)
 layer_norm_fwd_resident_kernel(int64_t rows, int64_t n, const T *__restrict__ x, int64_t xs,
@@ -807,14 +806,14 @@ template <typename T, typename W, typename A> Launch fwd_launch(int64_t rows, in
         int iters = 1;
         while (32 * iters < steps) iters *= 2;
         const int64_t per_block = kWarpRowsBlock / 32, blocks = (rows + per_block - 1) / per_block;
-        return Launch{reinterpret_cast<const void *>(fwd_resident_kernel<T, W, A>(iters, true, false)), kWarpRowsBlock, 1,
-                      0, blocks < kMaxGrid ? blocks : kMaxGrid, "warp"};
+        return Launch{reinterpret_cast<const void *>(fwd_resident_kernel<T, W, A>(iters, true, false)),
+                      kWarpRowsBlock, 1, 0, blocks < kMaxGrid ? blocks : kMaxGrid, "warp"};
     }
     const Resident res = norm_fwd_resident(steps, latency, latency ? kResidentIters : 4);
     if (!res.iters) return kGeneric;
     const int64_t grid = rows < kMaxGrid ? rows : kMaxGrid;
-    return Launch{reinterpret_cast<const void *>(fwd_resident_kernel<T, W, A>(res.iters, false, latency)), res.threads, 1, 0,
-                  grid, "resident"};
+    return Launch{reinterpret_cast<const void *>(fwd_resident_kernel<T, W, A>(res.iters, false, latency)),
+                  res.threads, 1, 0, grid, "resident"};
 }
 
 /* The staged backward's launch (ring of x and dy: 2 slots a pack). */
