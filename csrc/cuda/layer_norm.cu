@@ -252,10 +252,10 @@ template <int ITERS, int S> __device__ __forceinline__ int64_t warp_elements(int
 /* Forward for packed rows held in registers: ITERS packs a thread of a row
  * group (WARP_ROWS: a warp a row, blockDim.x / 32 rows a block, for rows of
  * at most 32 x 4 packs; else the block a row). One round of reduction a
- * row (row_moments). EARLY (a short batch's latency plan, at most 2 packs a
- * thread of a block): the weight and bias are loaded with x, so the row
- * waits on memory once; otherwise they are L1/L2 hits loaded after the
- * reduction, leaving the registers to x's packs. */
+ * row (row_moments). EARLY (at most 2 packs a thread of a block): the
+ * weight and bias are loaded with x, so the row waits on memory once;
+ * otherwise they are L1/L2 hits loaded after the reduction, leaving the
+ * registers to x's packs. */
 template <typename T, typename W, typename A, int ITERS, bool WARP_ROWS, bool EARLY>
 __global__ void __launch_bounds__(kResidentThreads)
 layer_norm_fwd_resident_kernel(int64_t rows, int64_t n, const T *__restrict__ x, int64_t xs,
@@ -266,7 +266,7 @@ layer_norm_fwd_resident_kernel(int64_t rows, int64_t n, const T *__restrict__ x,
      * so they are in flight with the first row's x (in the row loop, the
      * compiler issued them after the reduction had begun) */
     constexpr bool kParamsEarly = EARLY;
-    static_assert(!EARLY || (ITERS <= 2 && !WARP_ROWS), "the early parameters are the latency plan's");
+    static_assert(!EARLY || (ITERS <= 2 && !WARP_ROWS), "early parameters: at most 2 packs, block rows");
     __shared__ A scratch[2][96]; /* row_moments' alternating halves */
     const RowGroup<WARP_ROWS> g;
     const int64_t steps = n / S;
@@ -746,10 +746,11 @@ FwdKernel<T, W, A> fwd_resident_kernel(int iters, bool warp_rows, bool latency) 
         default: return layer_norm_fwd_resident_kernel<T, W, A, 4, true, false>;
         }
     }
-    /* the weight and bias in registers before the rows only for a short
-     * batch: in the throughput plan they cost the registers that keep more
-     * rows in flight (2 packs a thread: 86 against 63, bf16) */
-    if (latency && iters <= 2)
+    /* the weight and bias in registers before the rows: in the throughput
+     * plan they cost the registers that keep more rows in flight (2 packs a
+     * thread: 86 against 63, bf16); OPSMITH_NORM_FWD_EARLY=0 keeps them to
+     * the short batch's plan, to time the two (norm_plan.cuh) */
+    if (iters <= 2 && (latency || norm_tuning().fwd_early))
         return iters == 1 ? layer_norm_fwd_resident_kernel<T, W, A, 1, false, true>
                           : layer_norm_fwd_resident_kernel<T, W, A, 2, false, true>;
     switch (iters) {
