@@ -88,6 +88,16 @@ def test_packed_slice_of_wider_projection(device, activation):
     assert torch.equal(dproj[:, : 2 * i], dg), "a strided packed view gives the contiguous one's gradient"
 
 
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+def test_packed_width_zero(device, activation):
+    # [..., 0] packed: I = 0, as silu(gate[..., :0]) * gate[..., 0:] gives it
+    packed = torch.randn(2, 3, 0, device=device, requires_grad=True)
+    y = call(activation, packed)
+    assert y.shape == (2, 3, 0)
+    (dg,) = torch.autograd.grad(y, [packed], torch.ones_like(y))
+    assert dg.shape == packed.shape
+
+
 def test_raw_backward_packed_and_h(device):
     packed = torch.randn(4, 2 * 33, device=device)
     dy = torch.randn(4, 33, device=device)

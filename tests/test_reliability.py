@@ -318,6 +318,27 @@ def test_zero_rows(spec, device, shape):
     compare_results(spec, outs, grads, ref, ref_grads, spec.tolerance(torch.float32))
 
 
+@pytest.mark.parametrize("shape", [(4, 0), (2, 3, 0)], ids=["4x0", "2x3x0"])
+@pytest.mark.parametrize("spec", op_params(lambda s: ROWS(s) and s.zero_width))
+def test_zero_width(spec, device, shape):
+    # Rows of width 0, as PyTorch's own op takes them: empty outputs of the
+    # reference's shapes, empty gradients of the inputs' shapes, no kernel.
+    gen = generator()
+    inputs = spec.make_inputs(shape, torch.float32, device, gen)
+    dys = dys_for(spec, inputs, gen)
+    outs, grads = run_op(spec.call, spec, inputs, dys)
+    ref, ref_grads = reference_run(spec, inputs, dys)
+    for (k, t), (_, r) in zip(outs, ref):
+        assert t.shape == r.shape, f"{k}: shape {tuple(t.shape)}, reference {tuple(r.shape)}"
+        # the rows' own outputs are empty; a per-row output (a statistic over
+        # nothing) is what the reference gives, NaN included
+        torch.testing.assert_close(t.cpu().double(), r.cpu().double(), equal_nan=True, msg=k)
+    assert any(t.numel() == 0 for _, t in outs), "no output is empty"
+    assert set(grads) == set(spec.grad_inputs)
+    for k, g in grads.items():
+        assert g.shape == inputs[k].shape and g.numel() == 0, f"grad {k}: shape {tuple(g.shape)}"
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("shape", [(1, 257), (257,), (1, 1)], ids=["1x257", "1d", "1x1"])
 @pytest.mark.parametrize("spec", op_params())

@@ -69,7 +69,7 @@ def _row_center_backward(ctx, gy, gm):
     xa, wa = _acc(x), _acc(w)
     gyw = _acc(gy) * wa
     dx = gyw - gyw.mean(-1, keepdim=True) + (_acc(gm) / n).unsqueeze(-1)
-    dw = (_acc(gy) * (xa - xa.mean(-1, keepdim=True))).reshape(-1, n).sum(0)
+    dw = (_acc(gy) * (xa - xa.mean(-1, keepdim=True))).reshape(x.shape[:-1].numel(), n).sum(0)
     return dx.to(x.dtype), dw.to(w.dtype)
 
 
@@ -267,6 +267,7 @@ PICK_NLL = OpSpec(
     outputs=("loss",),
     grad_inputs=("x",),
     row_inputs=("x", "target"),
+    zero_width=False,  # a row needs its classes
     index_inputs=(IndexInput("target", high=lambda i: i["x"].shape[-1], ignore_index=IGNORE_INDEX),),
     opcheck=lambda i: [(torch.ops.opsmith_test.pick_nll.default, (i["x"], i["target"], i["ignore_index"]))],
     double_backward=SUPPORTED,

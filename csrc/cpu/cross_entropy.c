@@ -206,7 +206,10 @@
         const ACC scale = red == OPSMITH_CROSS_ENTROPY_REDUCTION_MEAN ? (ACC)1 / denom : (ACC)1;                \
         const ACC ls_n = ls / (ACC)n;                                                                           \
         ACC *loss_rows = ws, *z_rows = (ACC *)opsmith_internal_cross_entropy_z_rows(ws, rows, z, sizeof(ACC)); \
-        _Pragma("omp parallel for schedule(dynamic, 1) num_threads(threads) if(rows > 1 && rows * n > 65536)")  \
+        /* rows taken a chunk of ~16K logits at a time: one shared counter update a row cost more than   \
+           a narrow row's own work, and more again when the two threads' cores are far apart */          \
+        const int64_t chunk = n >= 16384 ? 1 : 16384 / n;                                                   \
+        _Pragma("omp parallel for schedule(dynamic, chunk) num_threads(threads) if(rows > 1 && rows * n > 65536)") \
         for (int64_t r = 0; r < rows; r++) {                                                                    \
             const T *xr = x + r * xs;                                                                           \
             const int64_t t = tg[r * ts];                                                                       \

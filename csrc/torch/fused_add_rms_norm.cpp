@@ -51,8 +51,6 @@ Options check_call(const at::Tensor &x, const char *x_arg, const at::Tensor &w, 
     TORCH_CHECK(x.dim() >= 1, kOp, ": ", x_arg, " must have at least 1 dimension, got a 0-dim tensor");
     Options o;
     o.x_dtype = dtype_of(x, kOp, x_arg);
-    TORCH_CHECK(x.size(-1) > 0, kOp, ": ", x_arg, " must have a non-empty last dimension, got shape ",
-                text(x.sizes()));
     TORCH_CHECK(w.device() == x.device(), kOp, ": weight must be on the same device as ", x_arg, " (", x.device(),
                 "), got ", w.device());
     TORCH_CHECK(w.scalar_type() == x.scalar_type() || (is_half(x) && w.scalar_type() == at::kFloat), kOp,
@@ -129,7 +127,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_add_rms_norm_fwd(const at::
     at::Tensor y = empty_output(x.sizes(), x.options().dtype(out_dtype.value_or(x.scalar_type())));
     at::Tensor h = empty_output(x.sizes(), x.options());
     at::Tensor inv_rms = empty_output(x.sizes().slice(0, x.dim() - 1), x.options().dtype(accumulate_type(x)));
-    if (xr.rows == 0) return {y, h, inv_rms};
+    if (xr.rows == 0) return {y, h, empty_row_stats(inv_rms)}; // no rows, or rows of width 0
     run_fwd(o, xr, rr, x, w.data_ptr(), eps, y, h.data_ptr(), xr.n, inv_rms);
     return {y, h, inv_rms};
 }
@@ -191,6 +189,7 @@ std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_bwd(const std::optional<at
     const at::Tensor inv = inv_rms.contiguous(), w = weight.contiguous();
     const void *dh_ptr = dhr ? dhr->data() : nullptr;
     const int64_t dh_stride = dhr ? dhr->stride : hr.n;
+    if (hr.n == 0) return {dx, dweight}; // rows of width 0: every gradient is empty
     opsmith_status status;
 #if OPSMITH_WITH_CUDA
     if (h.is_cuda()) {

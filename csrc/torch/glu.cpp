@@ -62,11 +62,9 @@ opsmith_dtype check_inputs(const char *op, const at::Tensor &gate, const std::op
                     gate.scalar_type(), "), got ", u.scalar_type());
         TORCH_CHECK(u.sizes() == gate.sizes(), op, ": up must have the shape of gate ", text(gate.sizes()), ", got ",
                     text(u.sizes()));
-        TORCH_CHECK(gate.size(-1) > 0, op, ": gate must have a non-empty last dimension, got shape ",
-                    text(gate.sizes()));
     } else {
-        TORCH_CHECK(gate.size(-1) > 0 && gate.size(-1) % 2 == 0, op,
-                    ": a packed gate-up tensor (up None) must have an even, non-empty last dimension [..., 2*I], "
+        TORCH_CHECK(gate.size(-1) % 2 == 0, op,
+                    ": a packed gate-up tensor (up None) must have an even last dimension [..., 2*I], "
                     "got shape ", text(gate.sizes()));
     }
     return dtype;

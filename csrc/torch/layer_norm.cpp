@@ -55,7 +55,6 @@ opsmith_dtype check_x(const at::Tensor &x) {
     check_device_supported(x, kOp);
     TORCH_CHECK(x.dim() >= 1, kOp, ": x must have at least 1 dimension, got a 0-dim tensor");
     const opsmith_dtype dtype = dtype_of(x, kOp, "x");
-    TORCH_CHECK(x.size(-1) > 0, kOp, ": x must have a non-empty last dimension, got shape ", text(x.sizes()));
     return dtype;
 }
 
@@ -102,7 +101,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_fwd(const at::Tensor &
     const auto stat_options = x.options().dtype(accumulate_type(x));
     at::Tensor mean = empty_output(x.sizes().slice(0, x.dim() - 1), stat_options);
     at::Tensor rstd = empty_output(x.sizes().slice(0, x.dim() - 1), stat_options);
-    if (xr.rows == 0) return {y, mean, rstd};
+    if (xr.rows == 0) return {y, empty_row_stats(mean), empty_row_stats(rstd)}; // no rows, or rows of width 0
 
     opsmith_status status;
 #if OPSMITH_WITH_CUDA
@@ -152,6 +151,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_bwd(const at::Tensor &
     at::Tensor dbias = empty_output({want_db ? x.size(-1) : 0}, param_options);
     void *dw = want_dw ? dweight.data_ptr() : nullptr;
     void *db = want_db ? dbias.data_ptr() : nullptr;
+    if (xr.n == 0) return {dx, dweight, dbias}; // rows of width 0: every gradient is empty
 
     opsmith_status status;
 #if OPSMITH_WITH_CUDA

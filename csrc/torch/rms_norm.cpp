@@ -62,7 +62,6 @@ Options check_call(const at::Tensor &x, const std::optional<at::Tensor> &weight,
     TORCH_CHECK(x.dim() >= 1, kOp, ": x must have at least 1 dimension, got a 0-dim tensor");
     Options o;
     o.x_dtype = dtype_of(x, kOp, "x");
-    TORCH_CHECK(x.size(-1) > 0, kOp, ": x must have a non-empty last dimension, got shape ", text(x.sizes()));
     o.weight_dtype = opsmith_dtype_accumulate(o.x_dtype);
     if (weight.has_value()) {
         const at::Tensor &w = *weight;
@@ -162,7 +161,7 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_fwd(const at::Tensor &x, const std::
     const void *w = weight_data(weight, w_holder);
     at::Tensor y = empty_output(x.sizes(), x.options().dtype(out_dtype.value_or(x.scalar_type())));
     at::Tensor inv_rms = empty_output(x.sizes().slice(0, x.dim() - 1), x.options().dtype(accumulate_type(x)));
-    if (xr.rows == 0) return {y, inv_rms};
+    if (xr.rows == 0) return {y, empty_row_stats(inv_rms)}; // no rows, or rows of width 0
 
     opsmith_status status;
 #if OPSMITH_WITH_CUDA
@@ -204,7 +203,7 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_bwd(const at::Tensor &dy, const at::
     const void *w = weight_data(weight, w_holder);
     at::Tensor dx = empty_output(x.sizes(), x.options());
     at::Tensor dweight = dweight_output(x, weight, weight_grad);
-    run_bwd(o, dyr, xr, x, w, inv, dx.data_ptr(), xr.n, dweight.numel() ? dweight.data_ptr() : nullptr);
+    if (xr.n > 0) run_bwd(o, dyr, xr, x, w, inv, dx.data_ptr(), xr.n, dweight.numel() ? dweight.data_ptr() : nullptr);
     return {dx, dweight};
 }
 
@@ -227,7 +226,8 @@ at::Tensor rms_norm_bwd_(at::Tensor &dy, const at::Tensor &x, const std::optiona
     at::Tensor w_holder;
     const void *w = weight_data(weight, w_holder);
     at::Tensor dweight = dweight_output(x, weight, weight_grad);
-    run_bwd(o, dyr, xr, x, w, inv, dy.data_ptr(), dyr.stride, dweight.numel() ? dweight.data_ptr() : nullptr);
+    if (xr.n > 0)
+        run_bwd(o, dyr, xr, x, w, inv, dy.data_ptr(), dyr.stride, dweight.numel() ? dweight.data_ptr() : nullptr);
     return dweight;
 }
 

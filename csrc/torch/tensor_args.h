@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <string>
 
 #if defined(__linux__)
@@ -164,6 +165,15 @@ inline void advise_huge_pages(const at::Tensor &t) {
 inline at::Tensor empty_output(at::IntArrayRef sizes, const at::TensorOptions &options) {
     at::Tensor t = at::empty(sizes, options);
     advise_huge_pages(t);
+    return t;
+}
+
+// The per-row statistics (mean, rstd, inv_rms) of rows with no elements, as
+// PyTorch gives them for a [..., 0] input: a mean over nothing is NaN. Rows of
+// width 0 run no kernel (their outputs and gradients are empty), so these are
+// the statistics' only writer.
+inline at::Tensor empty_row_stats(at::Tensor t) {
+    if (t.numel() > 0) t.fill_(std::numeric_limits<double>::quiet_NaN());
     return t;
 }
 

@@ -138,6 +138,9 @@ class OpSpec:
     diff_outputs: Optional[Tuple[str, ...]] = None  # None: every output (when grad_inputs)
     grad_inputs: Tuple[str, ...] = ()
     row_inputs: Tuple[str, ...] = ()
+    # rows of width 0 ([..., 0]) are a valid, empty input with empty outputs, as
+    # PyTorch's own op takes them (False: the op needs a width, as classes)
+    zero_width: bool = True
     index_inputs: Tuple[IndexInput, ...] = ()
     mutated_inputs: Tuple[str, ...] = ()
     list_inputs: Tuple[str, ...] = ()

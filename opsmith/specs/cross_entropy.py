@@ -229,6 +229,7 @@ SPEC = OpSpec(
     outputs=("loss",),
     grad_inputs=("x",),
     row_inputs=("x", "target"),
+    zero_width=False,  # a row needs its classes (PyTorch: target out of bounds)
     index_inputs=(IndexInput("target", high=lambda i: i["x"].shape[-1], ignore_index=IGNORE_INDEX),),
     opcheck=_opcheck,
     double_backward=r"^cross_entropy: double backward is not supported",

@@ -146,7 +146,7 @@ _HOSTILE = (
             "`swiglu: up must have the shape of gate [4, 37], got [4, 38]`", input="up (4, 38) for gate (4, 37)",
             raises=r"^swiglu: up must have the shape of gate \[4, 37\], got \[4, 38\]"),
     Hostile("packed_odd_width", lambda d, g: {"gate": torch.randn(4, 7, generator=g).to(d), "up": None},
-            "`swiglu: a packed gate-up tensor (up None) must have an even, non-empty last dimension [..., 2*I], "
+            "`swiglu: a packed gate-up tensor (up None) must have an even last dimension [..., 2*I], "
             "got shape [4, 7]`", input="packed gate (4, 7), up None",
             raises=r"^swiglu: a packed gate-up tensor \(up None\) must have an even"),
     Hostile("zero_dim_gate", lambda d, g: {"gate": torch.tensor(1.5, device=d), "up": torch.tensor(2.0, device=d)},
@@ -246,6 +246,9 @@ def bench_spec(activation: str) -> BenchSpec:
 _DOC_ROWS = (
     DocRow("zero rows: gate and up of shape (0, n) or (3, 0, n)", "empty outputs and gradients of their shapes",
            "`test_zero_rows`"),
+    DocRow("rows of width 0: gate and up of shape (4, 0) or (2, 3, 0), or packed (2, 3, 0)",
+           "empty outputs and gradients of their shapes, as silu(gate) * up",
+           "`test_zero_width`, `tests/test_glu.py::test_packed_width_zero`"),
     DocRow("one row, 1-D, prime widths 7, 13, 127, 8191, a row of 100003",
            "matches the reference (the scalar CUDA path and the CPU chunk tails run)",
            "`test_one_row`, `test_prime_widths`, `test_row_wider_than_any_tile`"),
