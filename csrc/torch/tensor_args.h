@@ -168,10 +168,10 @@ inline at::Tensor empty_output(at::IntArrayRef sizes, const at::TensorOptions &o
     return t;
 }
 
-// The per-row statistics (mean, rstd, inv_rms) of rows with no elements, as
-// PyTorch gives them for a [..., 0] input: a mean over nothing is NaN. Rows of
-// width 0 run no kernel (their outputs and gradients are empty), so these are
-// the statistics' only writer.
+// The per-row statistics (mean, rstd, inv_rms) of rows with no elements:
+// NaN, a mean over nothing (PyTorch's layer norm gives a NaN rstd for a
+// [..., 0] input too). Rows of width 0 run no kernel (their outputs and
+// gradients are empty), so this is the statistics' only writer.
 inline at::Tensor empty_row_stats(at::Tensor t) {
     if (t.numel() > 0) t.fill_(std::numeric_limits<double>::quiet_NaN());
     return t;
