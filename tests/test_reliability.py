@@ -339,6 +339,18 @@ def test_zero_width(spec, device, shape):
         assert g.shape == inputs[k].shape and g.numel() == 0, f"grad {k}: shape {tuple(g.shape)}"
 
 
+def test_zero_width_norm_statistics(device):
+    # the norms' per-row statistics over no elements: NaN (a mean over
+    # nothing), written although no kernel runs
+    x = torch.randn(3, 0, device=device)
+    _, mean, rstd = torch.ops.opsmith.layer_norm_fwd(x, None, None, 1e-5)
+    _, inv = torch.ops.opsmith.rms_norm_fwd(x, None, None)
+    _, h, inv_add = torch.ops.opsmith.fused_add_rms_norm_fwd(x, x, torch.ones(0, device=device), 1e-6)
+    assert h.shape == (3, 0)
+    for name, t in (("mean", mean), ("rstd", rstd), ("inv_rms", inv), ("fused add inv_rms", inv_add)):
+        assert t.shape == (3,) and bool(t.isnan().all()), f"{name}: {t}"
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("shape", [(1, 257), (257,), (1, 1)], ids=["1x257", "1d", "1x1"])
 @pytest.mark.parametrize("spec", op_params())
