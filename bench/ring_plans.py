@@ -10,8 +10,9 @@ the ring's tuning variables to compare plans in one build, for example:
 
 (OPSMITH_RING_STAGES, OPSMITH_RING_MAX_CTAS, OPSMITH_RING_SLICE_KB,
 OPSMITH_RING_PACKS, OPSMITH_RING_SPECIALISED, OPSMITH_RING_WARP_PACKS: see
-csrc/cuda/launch_plan.cuh; OPSMITH_NORM_FWD_PACKS, OPSMITH_NORM_LATENCY_PACKS and
-OPSMITH_NORM_RING_MIN_PACKS, OPSMITH_NORM_WARP_ROW_PACKS and OPSMITH_NORM_FWD_EARLY for the norms:
+csrc/cuda/launch_plan.cuh; OPSMITH_NORM_FWD_PACKS, OPSMITH_NORM_LATENCY_PACKS,
+OPSMITH_NORM_RING_MIN_PACKS, OPSMITH_NORM_WARP_ROW_PACKS, OPSMITH_NORM_FWD_EARLY and
+OPSMITH_NORM_WARP_ROW_LEAN for the norms:
 csrc/cuda/norm_plan.cuh).
 Rows are appended to $OUT/ring_plans.jsonl when OUT is set."""
 import json

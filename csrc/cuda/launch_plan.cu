@@ -138,7 +138,8 @@ const NormTuning &norm_tuning(void) {
                               (int)tuning_env("OPSMITH_NORM_LATENCY_PACKS", 0, 0, 8),
                               (int64_t)tuning_env("OPSMITH_NORM_RING_MIN_PACKS", kRingMinPacks, 1, 1L << 30),
                               (int64_t)tuning_env("OPSMITH_NORM_WARP_ROW_PACKS", kWarpRowPacks, 0, kWarpRowPacks),
-                              tuning_env("OPSMITH_NORM_FWD_EARLY", 1, 0, 1) != 0};
+                              tuning_env("OPSMITH_NORM_FWD_EARLY", 1, 0, 1) != 0,
+                              tuning_env("OPSMITH_NORM_WARP_ROW_LEAN", 0, 0, 1) != 0};
     return t;
 }
 

@@ -249,15 +249,27 @@ template <int ITERS, int S> __device__ __forceinline__ int64_t warp_elements(int
     return c * S;
 }
 
+/* Rows of at most norm_tuning().warp_row_packs packs (kWarpRowPacks,
+ * norm_plan.cuh) take a warp a row in the forward's throughput plan: no
+ * block barrier, and kWarpRowsBlock / 32 rows in flight a block instead of
+ * one short row a block of 64 threads (which capped an SM at 32 rows of
+ * 1 KB in flight at n = 512 bf16). */
+constexpr int kWarpRowsBlock = 256;
+
 /* Forward for packed rows held in registers: ITERS packs a thread of a row
  * group (WARP_ROWS: a warp a row, blockDim.x / 32 rows a block, for rows of
  * at most 32 x 4 packs; else the block a row). One round of reduction a
  * row (row_moments). EARLY (at most 2 packs a thread of a block): the
  * weight and bias are loaded with x, so the row waits on memory once;
  * otherwise they are L1/L2 hits loaded after the reduction, leaving the
- * registers to x's packs. */
-template <typename T, typename W, typename A, int ITERS, bool WARP_ROWS, bool EARLY>
-__global__ void __launch_bounds__(kResidentThreads)
+ * registers to x's packs. LEAN (warp rows, OPSMITH_NORM_WARP_ROW_LEAN=1):
+ * at most 48 registers (64 otherwise at 4 packs, bf16), so an SM holds 5
+ * blocks of kWarpRowsBlock, 40 warps against 32, for the bytes in flight
+ * the H200 wants; the row loop's test is a warp vote (r is the same in
+ * every lane), so the shuffles need no divergent fallback, whose live
+ * registers (62) were the kernel's peak. */
+template <typename T, typename W, typename A, int ITERS, bool WARP_ROWS, bool EARLY, bool LEAN = false>
+__global__ void __launch_bounds__(LEAN ? kWarpRowsBlock : kResidentThreads, LEAN ? 5 : 0)
 layer_norm_fwd_resident_kernel(int64_t rows, int64_t n, const T *__restrict__ x, int64_t xs,
                                const W *__restrict__ w, const W *__restrict__ b, A eps, T *__restrict__ y,
                                int64_t ys, A *__restrict__ mean, A *__restrict__ rstd) {
@@ -267,6 +279,7 @@ layer_norm_fwd_resident_kernel(int64_t rows, int64_t n, const T *__restrict__ x,
      * compiler issued them after the reduction had begun) */
     constexpr bool kParamsEarly = EARLY;
     static_assert(!EARLY || (ITERS <= 2 && !WARP_ROWS), "early parameters: at most 2 packs, block rows");
+    static_assert(!LEAN || WARP_ROWS, "the lean kernel is a warp-row kernel");
     __shared__ A scratch[2][96]; /* row_moments' alternating halves */
     const RowGroup<WARP_ROWS> g;
     const int64_t steps = n / S;
@@ -313,7 +326,8 @@ layer_norm_fwd_resident_kernel(int64_t rows, int64_t n, const T *__restrict__ x,
     auto mine = [&](int it) { return g.t + (int64_t)it * g.threads < steps; };
     const A c_w = (A)warp_elements<ITERS, S>(steps, g.threads, WARP_ROWS ? 0 : (int)(threadIdx.x >> 5));
     int half = 0;
-    for (int64_t r = g.first_row(); r < rows; r += g.row_step(), half ^= 1) {
+    for (int64_t r = g.first_row(); LEAN ? __any_sync(0xffffffffu, r < rows) : r < rows;
+         r += g.row_step(), half ^= 1) {
         const T *xr = x + r * xs;
         Pack<T> xp[ITERS];
         load_packs([&](int it, int64_t i) { xp[it] = load_pack_here(xr + i * S); });
@@ -740,10 +754,14 @@ template <typename T, typename W, typename A> using BwdKernel =
 template <typename T, typename W, typename A>
 FwdKernel<T, W, A> fwd_resident_kernel(int iters, bool warp_rows, bool latency) {
     if (warp_rows) {
+        /* 1 pack a lane is at 40 registers already */
+        const bool lean = norm_tuning().warp_row_lean;
         switch (iters) {
         case 1: return layer_norm_fwd_resident_kernel<T, W, A, 1, true, false>;
-        case 2: return layer_norm_fwd_resident_kernel<T, W, A, 2, true, false>;
-        default: return layer_norm_fwd_resident_kernel<T, W, A, 4, true, false>;
+        case 2: return lean ? layer_norm_fwd_resident_kernel<T, W, A, 2, true, false, true>
+                            : layer_norm_fwd_resident_kernel<T, W, A, 2, true, false>;
+        default: return lean ? layer_norm_fwd_resident_kernel<T, W, A, 4, true, false, true>
+                             : layer_norm_fwd_resident_kernel<T, W, A, 4, true, false>;
         }
     }
     /* the weight and bias in registers before the rows: in the throughput
@@ -786,13 +804,6 @@ template <typename T, typename W, typename A> BwdKernel<T, W, A> bwd_staged_kern
 }
 
 const Launch kGeneric{nullptr, 0, 0, 0, 0, "generic"};
-
-/* Rows of at most norm_tuning().warp_row_packs packs (kWarpRowPacks,
- * norm_plan.cuh) take a warp a row in the forward's throughput plan: no
- * block barrier, and kWarpRowsBlock / 32 rows in flight a block instead of
- * one short row a block of 64 threads (which capped an SM at 32 rows of
- * 1 KB in flight at n = 512 bf16). */
-constexpr int kWarpRowsBlock = 256;
 
 /* Forward plan for packed rows: a short batch (no more rows than SMs) the
  * latency plan (widest block, fewest packs a thread); many short rows a

@@ -135,15 +135,17 @@ constexpr int64_t kRingMinPacks = 1024;
  * OPSMITH_NORM_LATENCY_PACKS (the same for the latency plan of a short
  * batch, 1, 2, 4 or 8; 0, the default: one pack a thread, the widest
  * block), OPSMITH_NORM_RING_MIN_PACKS (the ring forward's narrowest
- * row, default kRingMinPacks), OPSMITH_NORM_WARP_ROW_PACKS (below) and
+ * row, default kRingMinPacks), OPSMITH_NORM_WARP_ROW_PACKS (below),
  * OPSMITH_NORM_FWD_EARLY (LayerNorm's forward at 1-2 packs a thread of a
  * block: 1, the default, its weight and bias in registers before the rows
- * in every plan; 0, in the short batch's plan only). Defined in
- * launch_plan.cu. */
+ * in every plan; 0, in the short batch's plan only) and
+ * OPSMITH_NORM_WARP_ROW_LEAN (1: LayerNorm's warp-row forward at 2-4
+ * packs a lane capped at 48 registers, 40 warps an SM; 0, the default:
+ * 60-64 registers, 32 warps). Defined in launch_plan.cu. */
 struct NormTuning {
     int fwd_packs, latency_packs;
     int64_t ring_min_packs, warp_row_packs;
-    bool fwd_early;
+    bool fwd_early, warp_row_lean;
 };
 
 /* LayerNorm's forward takes a warp a row for many rows of at most this many
