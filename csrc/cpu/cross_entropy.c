@@ -207,7 +207,7 @@
         const ACC ls_n = ls / (ACC)n;                                                                           \
         ACC *loss_rows = ws, *z_rows = (ACC *)opsmith_internal_cross_entropy_z_rows(ws, rows, z, sizeof(ACC)); \
         /* rows taken a chunk of ~16K logits at a time: one shared counter update a row cost more than   \
-           a narrow row's own work, and more again when the two threads' cores are far apart */          \
+           a narrow row's own work, twice so after long two-thread bursts (bench/NOTES.md) */              \
         const int64_t chunk = n >= 16384 ? 1 : 16384 / n;                                                   \
         _Pragma("omp parallel for schedule(dynamic, chunk) num_threads(threads) if(rows > 1 && rows * n > 65536)") \
         for (int64_t r = 0; r < rows; r++) {                                                                    \
