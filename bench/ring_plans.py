@@ -10,7 +10,7 @@ the ring's tuning variables to compare plans in one build, for example:
 
 (OPSMITH_RING_STAGES, OPSMITH_RING_MAX_CTAS, OPSMITH_RING_SLICE_KB,
 OPSMITH_RING_PACKS, OPSMITH_RING_SPECIALISED, OPSMITH_RING_WARP_PACKS: see
-csrc/cuda/launch_plan.cuh; OPSMITH_NORM_FWD_PACKS, OPSMITH_NORM_LATENCY_PACKS,
+csrc/cuda/launch_plan.cuh; OPSMITH_SOFTMAX_BLOCK_PACKS: csrc/cuda/softmax.cu; OPSMITH_NORM_FWD_PACKS, OPSMITH_NORM_LATENCY_PACKS,
 OPSMITH_NORM_RING_MIN_PACKS, OPSMITH_NORM_WARP_ROW_PACKS, OPSMITH_NORM_FWD_EARLY and
 OPSMITH_NORM_WARP_ROW_LEAN for the norms:
 csrc/cuda/norm_plan.cuh).
@@ -56,9 +56,13 @@ def cases(which):
             yield f"ce fwd+bwd {n}x{v}", (lambda xg=xg, t=t: torch.autograd.grad(opsmith.cross_entropy(xg, t), xg)), \
                 2 * n * v * 2
     if "softmax" in which:
-        for r, c in ((16384, 16384), (4096, 65536), (1024, 262144), (65536, 4096)):
+        for r, c in ((16384, 16384), (4096, 65536), (1024, 262144), (65536, 4096), (32768, 8192), (8192, 32768)):
             x = randn(r, c)
             yield f"softmax fwd {r}x{c}", (lambda x=x: opsmith.softmax(x)), 2 * r * c * 2
+            if c <= 32768:  # the block-row plan's widths (OPSMITH_SOFTMAX_BLOCK_PACKS)
+                xg, g = x.clone().requires_grad_(True), randn(r, c)
+                yield f"softmax fwd+bwd {r}x{c}", \
+                    (lambda xg=xg, g=g: torch.autograd.grad(opsmith.softmax(xg), xg, g)), 5 * r * c * 2
     if "narrow" in which:
         # softmax rows of at most 256 packs: a warp a row (OPSMITH_RING_WARP_PACKS=0: the ring)
         for r, c in ((4096, 1024), (16384, 1024), (4096, 2048), (32768, 512)):

@@ -18,6 +18,7 @@
  * f64, float otherwise). */
 #include "common.cuh"
 #include "online_softmax.cuh"
+#include "rows.cuh"
 #include "internal/softmax.h"
 
 namespace opsmith {
@@ -206,6 +207,94 @@ bwd_warp_kernel(int64_t rows, int packs, const T *g, int64_t gs, const T *y, int
     }
 }
 
+/* Rows wider than a warp's, up to kBlockRowMaxPacks packs (32K bf16):
+ * a block a row, the row in its threads' registers (thread t holds packs
+ * t, t + blockDim.x, ... of kBlockRowPacks), the statistics by one block merge, y
+ * written from the registers; a block for each row, so while one block of
+ * an SM merges, the SM's others have their loads in flight (the norms'
+ * resident forward, here without weights). The loads first, branch-free
+ * (load_my_packs: a pack past the row's end loads the row's first again,
+ * unused). y = x is safe: a thread writes only packs it has read, after
+ * the block merge's barriers. */
+constexpr int kBlockRowPacks = 4, kBlockRowMaxPacks = kMaxThreads * kBlockRowPacks;
+
+template <typename T, typename A, int P>
+__global__ void __launch_bounds__(kMaxThreads)
+fwd_block_kernel(int packs, const T *x, int64_t xs, bool lg, T *y, int64_t ys) {
+    __shared__ A scratch[64];
+    constexpr int V = Pack<T>::VEC;
+    const int64_t r = blockIdx.x;
+    const T *xr = x + r * xs;
+    Pack<T> p[P];
+    load_my_packs<P>(packs, [&](int q, int64_t i) { p[q] = load_pack_here(xr + i * V); });
+    RowStat<A> st;
+    for_my_packs<P>(packs, [&](int q, int64_t) {
+        A v[V];
+        unpack(p[q], v);
+        st.add(v);
+    });
+    st.block_merge(scratch);
+    const RowNorm<A> nr(st, lg);
+    T *yr = y + r * ys;
+    for_my_packs<P>(packs, [&](int q, int64_t i) {
+        A v[V];
+        unpack(p[q], v);
+#pragma unroll
+        for (int k = 0; k < V; k++) v[k] = lg ? nr.logp(v[k]) : nr.p(v[k]);
+        store_pack(yr + i * V, pack_of<T>(v));
+    });
+}
+
+/* The backward of those rows: dy and y of the row in registers, their dot
+ * product by one block sum. dx = dy is safe, as above. */
+template <typename T, typename A, int P>
+__global__ void __launch_bounds__(kMaxThreads)
+bwd_block_kernel(int packs, const T *g, int64_t gs, const T *y, int64_t ys, bool lg, T *dx, int64_t dxs) {
+    __shared__ A scratch[32];
+    constexpr int V = Pack<T>::VEC;
+    const int64_t r = blockIdx.x;
+    const T *gr = g + r * gs, *yr = y + r * ys;
+    Pack<T> pg[P], py[P];
+    load_my_packs<P>(packs, [&](int q, int64_t i) {
+        pg[q] = load_pack_here(gr + i * V);
+        py[q] = load_pack_here(yr + i * V);
+    });
+    A s = 0;
+    for_my_packs<P>(packs, [&](int q, int64_t) {
+        A gv[V], yv[V];
+        unpack(pg[q], gv);
+        unpack(py[q], yv);
+        add_row_sum(s, lg, gv, yv);
+    });
+    s = block_sum(s, scratch);
+    T *dr = dx + r * dxs;
+    for_my_packs<P>(packs, [&](int q, int64_t i) {
+        A gv[V], yv[V];
+        unpack(pg[q], gv);
+        unpack(py[q], yv);
+        grad_in_place(gv, lg, yv, s);
+        store_pack(dr + i * V, pack_of<T>(gv));
+    });
+}
+
+/* The widest row, in packs, that takes a block a row: OPSMITH_SOFTMAX_BLOCK_PACKS
+ * (0, the default: none, the ring takes them; at most kBlockRowMaxPacks),
+ * read once, so a benchmark compares the plans in one build. */
+inline int64_t block_row_max_packs() {
+    static const int64_t v = tuning_env("OPSMITH_SOFTMAX_BLOCK_PACKS", 0, 0, kBlockRowMaxPacks);
+    return v;
+}
+
+/* The block-row kernels' threads for rows of `packs` packs (a whole
+ * number of warps, at least 64), 0 where the rows take another plan. At
+ * 8 packs a thread the backward's two tensors spill (ptxas, sm_90: 296
+ * bytes in bf16), so the plan ends at 4 a thread. */
+inline int block_row_threads(int64_t packs) {
+    if (packs > block_row_max_packs()) return 0;
+    const int64_t t = (packs + kBlockRowPacks - 1) / kBlockRowPacks;
+    return (int)((t < 64 ? 64 : t + 31) / 32 * 32);
+}
+
 /* The warp-row kernels' P for rows of `packs` packs: the smallest of 1, 2,
  * 4, 8 with 32 x P >= packs; 0 when the row is wider than
  * OPSMITH_RING_WARP_PACKS (default 256 packs, 2048 bf16) allows. */
@@ -336,6 +425,11 @@ opsmith_status fwd(int64_t rows, int64_t n, const void *x, int64_t xs, bool lg, 
                                        fwd_warp_kernel<T, A, 8>};
         return launch_warp_rows(kernels, p, rows, stream, (int)(n / vec), xp, xs, lg, yp, ys);
     }
+    const int bt = packed && n % vec == 0 ? block_row_threads(n / vec) : 0;
+    if (bt) {
+        fwd_block_kernel<T, A, kBlockRowPacks><<<(unsigned)rows, bt, 0, stream>>>((int)(n / vec), xp, xs, lg, yp, ys);
+        return launch_status();
+    }
     if (packed) {
         const void *const kernels[4] = {reinterpret_cast<const void *>(fwd_ring_kernel<T, A, 1>),
                                         reinterpret_cast<const void *>(fwd_ring_kernel<T, A, 2>),
@@ -369,6 +463,12 @@ opsmith_status bwd(int64_t rows, int64_t n, const void *g, int64_t gs, const voi
         const BwdWarp<T> kernels[4] = {bwd_warp_kernel<T, A, 1>, bwd_warp_kernel<T, A, 2>, bwd_warp_kernel<T, A, 4>,
                                        bwd_warp_kernel<T, A, 8>};
         return launch_warp_rows(kernels, p, rows, stream, (int)(n / vec), gp, gs, yp, ys, lg, dp, dxs);
+    }
+    const int bt = packed && n % vec == 0 ? block_row_threads(n / vec) : 0;
+    if (bt) {
+        bwd_block_kernel<T, A, kBlockRowPacks><<<(unsigned)rows, bt, 0, stream>>>((int)(n / vec), gp, gs, yp, ys, lg, dp,
+                                                                                   dxs);
+        return launch_status();
     }
     if (packed) {
         const void *const kernels[4] = {reinterpret_cast<const void *>(bwd_slice_kernel<T, A, 1>),
