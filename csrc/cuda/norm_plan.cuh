@@ -141,11 +141,15 @@ constexpr int64_t kRingMinPacks = 1024;
  * in every plan; 0, in the short batch's plan only) and
  * OPSMITH_NORM_WARP_ROW_LEAN (1: LayerNorm's warp-row forward at 2-4
  * packs a lane capped at 48 registers, 40 warps an SM; 0, the default:
- * 60-64 registers, 32 warps). Defined in launch_plan.cu. */
+ * 60-64 registers, 32 warps), OPSMITH_NORM_BLOCK_REGS (48 or 56:
+ * LayerNorm's throughput forward of block rows at 2-4 packs a thread
+ * capped at that many registers; 0, the default: uncapped, 63-64 at 4
+ * packs). Defined in launch_plan.cu. */
 struct NormTuning {
     int fwd_packs, latency_packs;
     int64_t ring_min_packs, warp_row_packs;
     bool fwd_early, warp_row_lean;
+    int block_regs;
 };
 
 /* LayerNorm's forward takes a warp a row for many rows of at most this many
