@@ -2,7 +2,7 @@
 cos/sin [B, S, D] as Hugging Face passes them): median ms (triton do_bench, L2
 flushed) and the fraction of the copy bandwidth measured in the same run over the
 minimal bytes (q, k, cos, sin read once; q, k written once; the backward the same
-for dq, dk). Run it under rotary's tuning variables to compare plans in one build:
+for dq, dk), beside a copy of q and k's bytes (the ceiling at that size). Run it under rotary's tuning variables to compare plans in one build:
 
     python bench/rotary_plans.py default
     OPSMITH_ROTARY_ROW_TILE=16 python bench/rotary_plans.py tile16
@@ -33,6 +33,10 @@ def cases():
         qk = (q.numel() + k.numel()) * 2
         cs = 2 * cos.numel() * 2
         shape = f"{b}x{s}x{d}"
+        # a plain copy of q and k's bytes: the ceiling at this size (a copy's ramp and tail included)
+        src = torch.empty(q.numel() + k.numel(), device="cuda", dtype=BF16)
+        dst = torch.empty_like(src)
+        yield f"copy of q+k {shape}", (lambda src=src, dst=dst: dst.copy_(src)), 2 * qk
         yield f"rotary fwd {shape}", (lambda q=q, k=k, cos=cos, sin=sin: opsmith.apply_rotary(q, k, cos, sin)), \
             2 * qk + cs
         qg, kg = q.clone().requires_grad_(True), k.clone().requires_grad_(True)
