@@ -2,13 +2,11 @@
 cos/sin [B, S, D] as Hugging Face passes them): median ms (triton do_bench, L2
 flushed) and the fraction of the copy bandwidth measured in the same run over the
 minimal bytes (q, k, cos, sin read once; q, k written once; the backward the same
-for dq, dk), beside a copy of q and k's bytes (the ceiling at that size). Run it under rotary's tuning variables to compare plans in one build:
+for dq, dk), beside a copy of q and k's bytes (the ceiling at that size). The label names the run:
 
     python bench/rotary_plans.py default
-    OPSMITH_ROTARY_ROW_TILE=16 python bench/rotary_plans.py tile16
 
-(OPSMITH_ROTARY_ROW_TILE, OPSMITH_ROTARY_ROW_BLOCKS, OPSMITH_ROTARY_ROW_THREADS: see
-csrc/cuda/rotary.cu). Rows are appended to $OUT/rotary_plans.jsonl when OUT is set."""
+Rows are appended to $OUT/rotary_plans.jsonl when OUT is set."""
 import json
 import os
 import sys

@@ -125,7 +125,9 @@ def test_masked_rows(device):
 # streaming kernel; one row: the on-chip kernel's tail), float32 logits scaled
 # by 1e4 (y = exp(x - max) / sum: the error must stay at float32's 1e-5), masked
 # entries; rows of at most 256 packs a warp a row (264: 33 bf16 packs, P = 2
-# with idle lanes; 2048 bf16: 256 packs, P = 8; 2056: 257 packs, the ring).
+# with idle lanes; 2048 bf16: 256 packs, P = 8), up to 4096 packs a block a
+# row (2056: 257 packs, 96 threads with idle packs; 16384; 1000 float32: 250
+# packs; 16384 float32: 4096 packs, 1024 threads), wider the ring.
 # float64 references; outputs poisoned first.
 @CUDA
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -153,13 +155,14 @@ def test_cuda_on_chip_plans(dtype, rows, n, scale, masked):
         assert_close(dx, dref, dtype, f"{name} dx")
 
 
-# More rows than clusters fit at once: each persistent cluster of the forward
-# walks several rows (two slice stages where one CTA holds two rows, else
-# one stage in a cluster), the
+# More rows than clusters fit at once: each persistent cluster of the ring
+# forward walks several rows (40000: clusters of 2 CTAs in bf16, 4 in
+# float32, one slice stage); beside them rows that take a block a row
+# (16384) and a warp a row (1000), more than fit at once as well. The
 # output allocated over NaN first; float64 references.
 @CUDA
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
-@pytest.mark.parametrize("rows,n", [(5000, 1000), (700, 16384), (300, 128256), (60, 262144)], ids=str)
+@pytest.mark.parametrize("rows,n", [(5000, 1000), (700, 16384), (400, 40000), (300, 128256), (60, 262144)], ids=str)
 def test_cuda_rows_walked_by_persistent_clusters(dtype, rows, n):
     g = torch.Generator().manual_seed(rows + n)
     x = (torch.randn(rows, n, generator=g) * 3).to(dtype).cuda()

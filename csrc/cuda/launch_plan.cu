@@ -139,11 +139,7 @@ const NormTuning &norm_tuning(void) {
                               (int64_t)tuning_env("OPSMITH_NORM_RING_MIN_PACKS", kRingMinPacks, 1, 1L << 30),
                               (int64_t)tuning_env("OPSMITH_NORM_WARP_ROW_PACKS", kWarpRowPacks, 0, kWarpRowPacks),
                               tuning_env("OPSMITH_NORM_FWD_EARLY", 1, 0, 1) != 0,
-                              tuning_env("OPSMITH_NORM_WARP_ROW_LEAN", 0, 0, 1) != 0,
-                              [] {
-                                  const long r = tuning_env("OPSMITH_NORM_BLOCK_REGS", 0, 0, 64);
-                                  return r == 48 || r == 56 ? (int)r : 0;
-                              }()};
+                              (int)tuning_env("OPSMITH_NORM_WARP_ROW_LEAN", 2, 0, 4)};
     return t;
 }
 

@@ -262,23 +262,25 @@ constexpr int kWarpRowsBlock = 256;
  * row (row_moments). EARLY (at most 2 packs a thread of a block): the
  * weight and bias are loaded with x, so the row waits on memory once;
  * otherwise they are L1/L2 hits loaded after the reduction, leaving the
- * registers to x's packs. LEAN (warp rows, OPSMITH_NORM_WARP_ROW_LEAN=1):
- * at most 48 registers (64 otherwise at 4 packs, bf16), so an SM holds 5
- * blocks of kWarpRowsBlock, 40 warps against 32, for the bytes in flight
- * the H200 wants; the row loop's test is a warp vote (r is the same in
+ * registers to x's packs. LEAN (warp rows, by default at 2 packs a lane;
+ * OPSMITH_NORM_WARP_ROW_LEAN): at most 48 registers (60-64 otherwise), so
+ * an SM holds 5 blocks of kWarpRowsBlock, 40 warps against 32, for more
+ * bytes in flight (at 4 packs it spills, and lost on the H100); the row
+ * loop's test is a warp vote (r is the same in
  * every lane), so the shuffles need no divergent fallback, whose live
  * registers (62) were the kernel's peak. */
-template <typename T, typename W, typename A, int ITERS, bool WARP_ROWS, bool EARLY, bool LEAN>
-__device__ __forceinline__ void
-layer_norm_fwd_resident_rows(int64_t rows, int64_t n, const T *__restrict__ x, int64_t xs, const W *__restrict__ w,
-                             const W *__restrict__ b, A eps, T *__restrict__ y, int64_t ys, A *__restrict__ mean,
-                             A *__restrict__ rstd) {
+template <typename T, typename W, typename A, int ITERS, bool WARP_ROWS, bool EARLY, bool LEAN = false>
+__global__ void __launch_bounds__(LEAN ? kWarpRowsBlock : kResidentThreads, LEAN ? 5 : 0)
+layer_norm_fwd_resident_kernel(int64_t rows, int64_t n, const T *__restrict__ x, int64_t xs,
+                               const W *__restrict__ w, const W *__restrict__ b, A eps, T *__restrict__ y,
+                               int64_t ys, A *__restrict__ mean, A *__restrict__ rstd) {
     constexpr int S = Pack<T>::VEC;
     /* a short batch's plan loads the weight and bias once, before the rows,
      * so they are in flight with the first row's x (in the row loop, the
      * compiler issued them after the reduction had begun) */
     constexpr bool kParamsEarly = EARLY;
     static_assert(!EARLY || (ITERS <= 2 && !WARP_ROWS), "early parameters: at most 2 packs, block rows");
+    static_assert(!LEAN || WARP_ROWS, "the lean kernel is a warp-row kernel");
     __shared__ A scratch[2][96]; /* row_moments' alternating halves */
     const RowGroup<WARP_ROWS> g;
     const int64_t steps = n / S;
@@ -391,29 +393,6 @@ layer_norm_fwd_resident_rows(int64_t rows, int64_t n, const T *__restrict__ x, i
             store_pack(y + r * ys + i * S, out);
         });
     }
-}
-
-template <typename T, typename W, typename A, int ITERS, bool WARP_ROWS, bool EARLY, bool LEAN = false>
-__global__ void __launch_bounds__(LEAN ? kWarpRowsBlock : kResidentThreads, LEAN ? 5 : 0)
-layer_norm_fwd_resident_kernel(int64_t rows, int64_t n, const T *__restrict__ x, int64_t xs,
-                               const W *__restrict__ w, const W *__restrict__ b, A eps, T *__restrict__ y,
-                               int64_t ys, A *__restrict__ mean, A *__restrict__ rstd) {
-    static_assert(!LEAN || WARP_ROWS, "the lean kernel of block rows is layer_norm_fwd_capped_kernel");
-    layer_norm_fwd_resident_rows<T, W, A, ITERS, WARP_ROWS, EARLY, LEAN>(rows, n, x, xs, w, b, eps, y, ys, mean,
-                                                                         rstd);
-}
-
-/* The throughput plan's block rows with the registers capped at REGS
- * (OPSMITH_NORM_BLOCK_REGS, 48 or 56), whatever the block's size, and
- * the row loop's test a warp vote, as the lean warp rows: at 4 packs a
- * thread the uncapped kernel takes 64 (bf16), 8 blocks of 128 threads an
- * SM; 56 fits 9, 48 fits 10 (and 5 of 256 against 4). */
-template <typename T, typename W, typename A, int ITERS, int REGS>
-__global__ void __maxnreg__(REGS)
-layer_norm_fwd_capped_kernel(int64_t rows, int64_t n, const T *__restrict__ x, int64_t xs, const W *__restrict__ w,
-                             const W *__restrict__ b, A eps, T *__restrict__ y, int64_t ys, A *__restrict__ mean,
-                             A *__restrict__ rstd) {
-    layer_norm_fwd_resident_rows<T, W, A, ITERS, false, false, true>(rows, n, x, xs, w, b, eps, y, ys, mean, rstd);
 }
 
 /* The ring forward (see the file's head): rows of packs, mean and rstd
@@ -777,20 +756,14 @@ template <typename T, typename W, typename A>
 FwdKernel<T, W, A> fwd_resident_kernel(int iters, bool warp_rows, bool latency) {
     if (warp_rows) {
         /* 1 pack a lane is at 40 registers already */
-        const bool lean = norm_tuning().warp_row_lean;
+        const int lean = norm_tuning().warp_row_lean;
         switch (iters) {
         case 1: return layer_norm_fwd_resident_kernel<T, W, A, 1, true, false>;
-        case 2: return lean ? layer_norm_fwd_resident_kernel<T, W, A, 2, true, false, true>
-                            : layer_norm_fwd_resident_kernel<T, W, A, 2, true, false>;
-        default: return lean ? layer_norm_fwd_resident_kernel<T, W, A, 4, true, false, true>
-                             : layer_norm_fwd_resident_kernel<T, W, A, 4, true, false>;
+        case 2: return lean >= 2 ? layer_norm_fwd_resident_kernel<T, W, A, 2, true, false, true>
+                                 : layer_norm_fwd_resident_kernel<T, W, A, 2, true, false>;
+        default: return lean >= 4 ? layer_norm_fwd_resident_kernel<T, W, A, 4, true, false, true>
+                                  : layer_norm_fwd_resident_kernel<T, W, A, 4, true, false>;
         }
-    }
-    const int regs = norm_tuning().block_regs;
-    if (!latency && regs && (iters == 2 || iters == 4)) {
-        if (regs == 48)
-            return iters == 2 ? layer_norm_fwd_capped_kernel<T, W, A, 2, 48> : layer_norm_fwd_capped_kernel<T, W, A, 4, 48>;
-        return iters == 2 ? layer_norm_fwd_capped_kernel<T, W, A, 2, 56> : layer_norm_fwd_capped_kernel<T, W, A, 4, 56>;
     }
     /* the weight and bias in registers before the rows: in the throughput
      * plan they cost the registers that keep more rows in flight (2 packs a

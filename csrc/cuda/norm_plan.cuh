@@ -139,17 +139,16 @@ constexpr int64_t kRingMinPacks = 1024;
  * OPSMITH_NORM_FWD_EARLY (LayerNorm's forward at 1-2 packs a thread of a
  * block: 1, the default, its weight and bias in registers before the rows
  * in every plan; 0, in the short batch's plan only) and
- * OPSMITH_NORM_WARP_ROW_LEAN (1: LayerNorm's warp-row forward at 2-4
- * packs a lane capped at 48 registers, 40 warps an SM; 0, the default:
- * 60-64 registers, 32 warps), OPSMITH_NORM_BLOCK_REGS (48 or 56:
- * LayerNorm's throughput forward of block rows at 2-4 packs a thread
- * capped at that many registers; 0, the default: uncapped, 63-64 at 4
- * packs). Defined in launch_plan.cu. */
+ * OPSMITH_NORM_WARP_ROW_LEAN (the most packs a lane at which LayerNorm's
+ * warp-row forward takes its kernel capped at 48 registers, 40 warps an SM
+ * against 32: 0 none, 2 the default, 4; on the H100 the lean kernel gained
+ * 0.87 -> 0.91 of copy at 2 packs, 131072 x 512 bf16, and lost 0.91 ->
+ * 0.83 at 4, where it spills: bench/NOTES.md). Defined in launch_plan.cu. */
 struct NormTuning {
     int fwd_packs, latency_packs;
     int64_t ring_min_packs, warp_row_packs;
-    bool fwd_early, warp_row_lean;
-    int block_regs;
+    bool fwd_early;
+    int warp_row_lean;
 };
 
 /* LayerNorm's forward takes a warp a row for many rows of at most this many

@@ -111,7 +111,6 @@ struct Args {
     int64_t groups; /* ceil((hq + hk) / heads a thread) */
     int64_t cw;     /* elements a copy slot: a 16-byte pack, or 1 */
     int64_t items;
-    int64_t tile;   /* 0: items in row order; else tiles of `tile` rows, a group's rows together */
     bool narrow;    /* items < 2^32: index arithmetic in 32 bits */
 };
 
@@ -313,15 +312,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) rotary_kernel(Args a) {
     for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < a.items; t += step) {
         int64_t rg, slot, r, g, b, s;
         divmod(a.narrow, t, a.slots, rg, slot);
-        if (a.tile) {
-            int64_t tg, rr, rt;
-            divmod(a.narrow, rg, a.tile, tg, rr);
-            divmod(a.narrow, tg, a.groups, rt, g);
-            r = rt * a.tile + rr;
-            if (r >= a.rows) continue; /* the last tile's rows past the end */
-        } else {
-            divmod(a.narrow, rg, a.groups, r, g);
-        }
+        divmod(a.narrow, rg, a.groups, r, g);
         divmod(a.narrow, r, a.seq, b, s);
         item<T, C, Acc, HALF, V, VEC, BWD, H>(a, b, s, slot, (int)g * H);
     }
@@ -425,14 +416,7 @@ void launch(Args a, bool vec, cudaStream_t stream) {
     }
     const int64_t per = !vec ? HS : small ? 2 : HV;
     a.groups = (heads + per - 1) / per;
-    /* OPSMITH_ROTARY_ROW_TILE (default 0: off): where a head's rows are
-     * consecutive in memory ([B, H, S, D]), items ordered by tiles of that
-     * many rows, a group's rows of a tile together, so a warp's loads of a
-     * head are one run of consecutive rows instead of one row of four
-     * groups' heads (fewer DRAM pages open at once) */
-    static const int64_t row_tile = tuning_env("OPSMITH_ROTARY_ROW_TILE", 0, 0, 4096);
-    a.tile = row_tile && !small && a.vq.hs > a.vq.ss ? row_tile : 0;
-    a.items = (a.tile ? (a.rows + a.tile - 1) / a.tile * a.tile : a.rows) * a.groups * a.slots;
+    a.items = a.rows * a.groups * a.slots;
     a.narrow = a.items <= (int64_t)UINT32_MAX; /* t < items inside the loop */
     const int64_t blocks = (a.items + kThreads - 1) / kThreads;
     const unsigned grid = (unsigned)(blocks < 2147483647 ? blocks : 2147483647);

@@ -1,5 +1,8 @@
-/* softmax and log_softmax on CUDA. For 16-byte aligned rows that fit on
- * chip, the row is loaded once into the shared memory of a thread-block
+/* softmax and log_softmax on CUDA. Aligned rows of whole packs: up to 256
+ * packs a warp a row, up to 4096 packs (32K bf16) a block a row, the row
+ * held in registers (fwd_warp_kernel, fwd_block_kernel and their
+ * backwards). Wider 16-byte aligned rows that fit on
+ * chip: the row is loaded once into the shared memory of a thread-block
  * cluster (one CTA for rows up to ~72 KB, up to 8 for wider;
  * online_softmax.cuh; the forward's clusters persistent over the rows, the
  * next row's slice loading while this one is worked on where two slices
@@ -278,10 +281,12 @@ bwd_block_kernel(int packs, const T *g, int64_t gs, const T *y, int64_t ys, bool
 }
 
 /* The widest row, in packs, that takes a block a row: OPSMITH_SOFTMAX_BLOCK_PACKS
- * (0, the default: none, the ring takes them; at most kBlockRowMaxPacks),
- * read once, so a benchmark compares the plans in one build. */
+ * (default kBlockRowMaxPacks; 0: none, the ring takes them), read once, so a
+ * benchmark compares the plans in one build. On the H100 the block rows
+ * beat the ring at every width they take (16384 x 16384 bf16 forward 0.94
+ * -> 0.99 of copy, 8192 x 32768 0.93 -> 0.96; bench/NOTES.md). */
 inline int64_t block_row_max_packs() {
-    static const int64_t v = tuning_env("OPSMITH_SOFTMAX_BLOCK_PACKS", 0, 0, kBlockRowMaxPacks);
+    static const int64_t v = tuning_env("OPSMITH_SOFTMAX_BLOCK_PACKS", kBlockRowMaxPacks, 0, kBlockRowMaxPacks);
     return v;
 }
 

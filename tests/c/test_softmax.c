@@ -319,7 +319,9 @@ HARNESS_GROUP(test_softmax)
         {6, 1000, 0, 0, 0, 0, 1}, {3, 515, 1, 0, 1, 0, 1},
     };
     run_shapes(shapes, sizeof shapes / sizeof shapes[0], cuda, 0, 0x5EEDull);
-    /* CUDA's on-chip plans (online_softmax.cuh): a CTA a row (cluster of 1)
+    /* CUDA's on-chip plans: aligned rows of 257 to 4096 whole packs a block
+     * a row in registers (9000 and 16384 but in float64, 4096 scaled), wider
+     * ones a CTA a row (cluster of 1)
      * up to ~72 KB a slice, then clusters of 2, 4, 8 (bf16 128256: 4 CTAs
      * forward, 8 backward; 262144: 8; float64 262144 is too wide: the
      * streaming kernels); aligned single rows with an odd tail (the last
