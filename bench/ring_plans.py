@@ -87,20 +87,25 @@ def cases(which):
                 4 * r * c * 2
 
 
-def main():
-    label = sys.argv[1]
-    which = sys.argv[2:] or ["ce", "softmax", "narrow", "ln", "rms", "add"]
+def run(label, cases, jsonl):
+    """Times each (name, fn, minimal bytes) of `cases`, prints a row each and
+    appends the run to $OUT/`jsonl` when OUT is set."""
     copy = copy_gbs()
     rows = []
-    for name, fn, nbytes in cases(which):
+    for name, fn, nbytes in cases:
         ms = median_ms(fn)
         rows.append((name, ms, nbytes / ms / 1e6 / copy))
         print(f"{label:12s} {name:32s} {ms:8.4f} ms  {rows[-1][2]:5.3f}", flush=True)
     out = os.environ.get("OUT")
     if out:
-        with open(os.path.join(out, "ring_plans.jsonl"), "a") as fh:
+        with open(os.path.join(out, jsonl), "a") as fh:
             fh.write(json.dumps({"label": label, "copy_gbs": copy, "gpu": torch.cuda.get_device_name(),
                                  "torch": torch.__version__, "rows": rows}) + "\n")
+
+
+def main():
+    which = sys.argv[2:] or ["ce", "softmax", "narrow", "ln", "rms", "add"]
+    run(sys.argv[1], cases(which), "ring_plans.jsonl")
 
 
 if __name__ == "__main__":

@@ -7,7 +7,6 @@ for dq, dk), beside a copy of q and k's bytes (the ceiling at that size). The la
     python bench/rotary_plans.py default
 
 Rows are appended to $OUT/rotary_plans.jsonl when OUT is set."""
-import json
 import os
 import sys
 
@@ -16,7 +15,7 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import opsmith  # noqa: E402
-from ring_plans import copy_gbs, median_ms  # noqa: E402
+from ring_plans import run  # noqa: E402
 
 BF16 = torch.bfloat16
 
@@ -47,18 +46,7 @@ def cases():
 
 
 def main():
-    label = sys.argv[1]
-    copy = copy_gbs()
-    rows = []
-    for name, fn, nbytes in cases():
-        ms = median_ms(fn)
-        rows.append((name, ms, nbytes / ms / 1e6 / copy))
-        print(f"{label:12s} {name:32s} {ms:8.4f} ms  {rows[-1][2]:5.3f}", flush=True)
-    out = os.environ.get("OUT")
-    if out:
-        with open(os.path.join(out, "rotary_plans.jsonl"), "a") as fh:
-            fh.write(json.dumps({"label": label, "copy_gbs": copy, "gpu": torch.cuda.get_device_name(),
-                                 "torch": torch.__version__, "rows": rows}) + "\n")
+    run(sys.argv[1], cases(), "rotary_plans.jsonl")
 
 
 if __name__ == "__main__":
