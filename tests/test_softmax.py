@@ -127,7 +127,8 @@ def test_masked_rows(device):
 # entries; rows of at most 256 packs a warp a row (264: 33 bf16 packs, P = 2
 # with idle lanes; 2048 bf16: 256 packs, P = 8), up to 4096 packs a block a
 # row (2056: 257 packs, 96 threads with idle packs; 16384; 1000 float32: 250
-# packs; 16384 float32: 4096 packs, 1024 threads), wider the ring.
+# packs; 16384 float32: 4096 packs, 1024 threads), wider the ring (34816
+# bf16: 4352 packs, just past the block rows).
 # float64 references; outputs poisoned first.
 @CUDA
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -135,6 +136,7 @@ def test_masked_rows(device):
     (4, 128256, 3.0, False), (2, 262144, 3.0, True), (1, 128257, 3.0, False), (3, 128257, 3.0, False),
     (9, 16384, 3.0, False), (64, 1024, 3.0, True), (14, 15631, 1e4, False), (3, 128256, 1e4, False),
     (2042, 237, 1e4, False), (33, 264, 3.0, True), (9, 2056, 3.0, False), (130, 2048, 1e4, False),
+    (5, 34816, 3.0, False),
 ], ids=str)
 def test_cuda_on_chip_plans(dtype, rows, n, scale, masked):
     if scale > 100 and dtype in (torch.float16, torch.bfloat16):
