@@ -291,11 +291,12 @@ inline int64_t block_row_max_packs() {
 }
 
 /* The block-row kernels' threads for rows of `packs` packs (a whole
- * number of warps, at least 64), 0 where the rows take another plan. At
+ * number of warps, at least 64), 0 where the rows take another plan (packs
+ * 0: not rows of whole aligned packs). At
  * 8 packs a thread the backward's two tensors spill (ptxas, sm_90: 296
  * bytes in bf16), so the plan ends at 4 a thread. */
 inline int block_row_threads(int64_t packs) {
-    if (packs > block_row_max_packs()) return 0;
+    if (packs < 1 || packs > block_row_max_packs()) return 0;
     const int64_t t = (packs + kBlockRowPacks - 1) / kBlockRowPacks;
     return (int)((t < 64 ? 64 : t + 31) / 32 * 32);
 }
@@ -424,15 +425,16 @@ opsmith_status fwd(int64_t rows, int64_t n, const void *x, int64_t xs, bool lg, 
     const int threads = threads_for(n, packed ? vec : 1);
     const T *xp = static_cast<const T *>(x);
     T *yp = static_cast<T *>(y);
-    const int p = packed && n % vec == 0 ? warp_row_p(n / vec) : 0;
+    /* rows of whole packs held in registers: a warp a row, else a block a row */
+    const int64_t packs = packed && n % vec == 0 ? n / vec : 0;
+    const int p = warp_row_p(packs);
     if (p) {
         const FwdWarp<T> kernels[4] = {fwd_warp_kernel<T, A, 1>, fwd_warp_kernel<T, A, 2>, fwd_warp_kernel<T, A, 4>,
                                        fwd_warp_kernel<T, A, 8>};
-        return launch_warp_rows(kernels, p, rows, stream, (int)(n / vec), xp, xs, lg, yp, ys);
+        return launch_warp_rows(kernels, p, rows, stream, (int)packs, xp, xs, lg, yp, ys);
     }
-    const int bt = packed && n % vec == 0 ? block_row_threads(n / vec) : 0;
-    if (bt) {
-        fwd_block_kernel<T, A, kBlockRowPacks><<<(unsigned)rows, bt, 0, stream>>>((int)(n / vec), xp, xs, lg, yp, ys);
+    if (const int bt = block_row_threads(packs)) {
+        fwd_block_kernel<T, A, kBlockRowPacks><<<(unsigned)rows, bt, 0, stream>>>((int)packs, xp, xs, lg, yp, ys);
         return launch_status();
     }
     if (packed) {
@@ -463,15 +465,15 @@ opsmith_status bwd(int64_t rows, int64_t n, const void *g, int64_t gs, const voi
     const int threads = threads_for(n, packed ? vec : 1);
     const T *gp = static_cast<const T *>(g), *yp = static_cast<const T *>(y);
     T *dp = static_cast<T *>(dx);
-    const int p = packed && n % vec == 0 ? warp_row_p(n / vec) : 0;
+    const int64_t packs = packed && n % vec == 0 ? n / vec : 0;
+    const int p = warp_row_p(packs);
     if (p) {
         const BwdWarp<T> kernels[4] = {bwd_warp_kernel<T, A, 1>, bwd_warp_kernel<T, A, 2>, bwd_warp_kernel<T, A, 4>,
                                        bwd_warp_kernel<T, A, 8>};
-        return launch_warp_rows(kernels, p, rows, stream, (int)(n / vec), gp, gs, yp, ys, lg, dp, dxs);
+        return launch_warp_rows(kernels, p, rows, stream, (int)packs, gp, gs, yp, ys, lg, dp, dxs);
     }
-    const int bt = packed && n % vec == 0 ? block_row_threads(n / vec) : 0;
-    if (bt) {
-        bwd_block_kernel<T, A, kBlockRowPacks><<<(unsigned)rows, bt, 0, stream>>>((int)(n / vec), gp, gs, yp, ys, lg, dp,
+    if (const int bt = block_row_threads(packs)) {
+        bwd_block_kernel<T, A, kBlockRowPacks><<<(unsigned)rows, bt, 0, stream>>>((int)packs, gp, gs, yp, ys, lg, dp,
                                                                                    dxs);
         return launch_status();
     }
