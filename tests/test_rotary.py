@@ -444,6 +444,27 @@ def test_position_out_of_range_cuda_gives_nan_row():
     assert torch.equal(out[:, :, 1, 4:], q[:, :, 1, 4:])
 
 
+@requires_cuda
+def test_position_out_of_range_cuda_flat_plan():
+    # rows enough for the flat kernel at 8 heads a thread: each group's cos/sin turn NaN once
+    gen = torch.Generator().manual_seed(31)
+    s = 8192
+    q = torch.randn(1, 12, s, 64, generator=gen).to("cuda", torch.bfloat16)
+    k = torch.randn(1, 4, s, 64, generator=gen).to("cuda", torch.bfloat16)
+    cc, sc = angles(1, 64, 64, "cuda", gen=gen)
+    pos = torch.randint(0, 64, (1, s), generator=gen).to("cuda")
+    bad = torch.zeros(s, dtype=torch.bool, device="cuda")
+    bad[::97] = True
+    pos[0, bad] = 64 + torch.arange(int(bad.sum()), device="cuda")
+    cache = (cc[0].to(torch.bfloat16), sc[0].to(torch.bfloat16))
+    got_q, got_k = opsmith.apply_rotary(q, k, *cache, pos)
+    good = pos[0].clamp(max=63)
+    for got, x in ((got_q, q), (got_k, k)):
+        assert torch.isnan(got[:, :, bad]).all(), "every element of a bad position's rows must be NaN"
+        want = reference(x, cache[0][good][None], cache[1][good][None])
+        close(got[:, :, ~bad], want[:, :, ~bad], torch.bfloat16, "the good rows")
+
+
 # --- the CUDA kernel's paths ---------------------------------------------------------
 
 
@@ -451,6 +472,9 @@ CUDA_SHAPES = [  # (B, S, Hq, Hk, D, R)
     (2, 17, 8, 2, 128, 128), (1, 1, 32, 8, 128, 128), (3, 5, 4, 4, 64, 64), (2, 9, 4, 1, 256, 256),
     (2, 7, 3, 1, 80, 32), (2, 5, 2, 2, 6, 6), (1, 33, 5, 3, 18, 10), (2, 3, 4, 0, 130, 130),
     (1, 300, 2, 1, 96, 96), (2, 4, 40, 8, 128, 64),
+    # past the short-batch plans: the flat kernel at 8 (6, 16) heads a thread, q's and k's heads
+    # in groups of their own (12 = 8 + 4, then k's 4), partial rotary; and without k
+    (2, 4096, 12, 4, 64, 48), (1, 8192, 20, 0, 64, 64),
 ]
 
 
