@@ -158,13 +158,15 @@ def test_cuda_on_chip_plans(dtype, rows, n, scale, masked):
 # More rows than clusters fit at once: each persistent cluster walks several
 # rows, alternating its partial slots (bf16 128256: 4-CTA clusters, 262144:
 # 8; 16384 and 1000: one-CTA rows, two slice stages), the
-# gradient written over the logits too (inplace_grad), against float64.
+# gradient written over the logits too (inplace_grad), against float64. Plain:
+# no weight, no smoothing (the kernel specialised for the common training call).
 @CUDA
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize("rows,n", [(300, 128256), (80, 262144), (5000, 1000), (700, 16384)], ids=str)
-def test_cuda_rows_walked_by_persistent_clusters(dtype, rows, n):
+@pytest.mark.parametrize("plain", [False, True], ids=["weighted-smoothed", "plain"])
+def test_cuda_rows_walked_by_persistent_clusters(dtype, rows, n, plain):
     x, t, w = make(rows, n, dtype, "cuda", seed=rows + n)
-    kw = dict(label_smoothing=0.05)
+    w, kw = (None, {}) if plain else (w, dict(label_smoothing=0.05))
     ref, xd = torch_reference(x, t, w, **kw)
     (dref,) = torch.autograd.grad(ref, [xd])
     what = f"{dtype} {rows}x{n}"

@@ -399,6 +399,10 @@ def test_cuda_larger_shapes(dtype):
         h, w, b, t = make(n, d, v, dtype, "cuda")
         check_call(h, w, b, t, dtype, f"{dtype} {n}x{d}x{v} chunk={chunk}", chunk_size=chunk, label_smoothing=0.1,
                    z_loss=1e-4)
+    # Llama 3's vocabulary, no bias, no options: each chunk's rows walked by the cross-entropy kernel
+    # specialised for the plain call
+    h, w, _, t = make(300, 32, 128256, dtype, "cuda", bias=False)
+    check_call(h, w, None, t, dtype, f"{dtype} 300x32x128256 plain chunk=150", chunk_size=150)
 
 
 @CUDA

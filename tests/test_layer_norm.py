@@ -121,6 +121,26 @@ def test_mixed_dtypes(xd, wd, affine, device, n):
                 _close(grads[k], rgrads[k], 4 * TOL[torch.float32] * 33, f"{route} d{k}")
 
 
+@needs_cuda
+@pytest.mark.parametrize("xd", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
+@pytest.mark.parametrize("n", [1024, 4096, 24576])
+def test_cuda_mixed_dtypes_at_training_sizes(xd, n):
+    """16-bit x with float32 weight and bias (autocast's pair) past the short
+    batch: the many-rows and ring forwards, the staged backward."""
+    rows = 300
+    x, w, b, dy = _inputs((rows, n), xd, torch.float32, "cuda", seed=n + 1, affine=(True, True))
+    for route, fn in ROUTES.items():
+        y, grads = _grads(fn, x, w, b, dy)
+        ref, rgrads = _grads(lambda x, w, b, eps: F.layer_norm(x, (n,), w, b, eps),
+                             *[t.double() for t in (x, w, b, dy)])
+        assert y.dtype == xd
+        _close(y, ref, TOL[xd], f"{route} y")
+        _close(grads["x"], rgrads["x"], TOL[xd], f"{route} dx")
+        for k in "wb":
+            assert grads[k].dtype == torch.float32
+            _close(grads[k], rgrads[k], 4 * TOL[torch.float32] * rows, f"{route} d{k}")
+
+
 def test_float64_x_with_float32_weight():
     # PyTorch refuses this pair on the CPU; opsmith takes it (output float64)
     x, w, b, _ = _inputs((4, 16), torch.float64, torch.float32, "cpu")

@@ -68,7 +68,7 @@ def assert_same_roundings(got, want, x_dtype):
 
 @pytest.mark.parametrize("dtype", HALF, ids=str)
 @pytest.mark.parametrize("out_dtype", [None, torch.float32], ids=["y_like_x", "y_float32"])
-@pytest.mark.parametrize("n", [37, 1024, 4096])
+@pytest.mark.parametrize("n", [37, 1024, 4096, 8192, 16384])  # 8192+: the ring forward, staged backward on CUDA
 def test_float32_weight_with_16bit_x(device, dtype, out_dtype, n):
     x = rand(300, n, dtype=dtype, device=device).requires_grad_()
     w = (1 + 0.1 * rand(n, device=device)).requires_grad_()
