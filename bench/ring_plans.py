@@ -1,8 +1,9 @@
 """The row ops whose launch plans include the persistent ring (cross-entropy,
 softmax, LayerNorm, RMSNorm, fused add + RMSNorm) at their issues' shapes,
-bf16: median ms (triton do_bench, L2 flushed) and the fraction of the copy
-bandwidth measured in the same run over the minimal bytes. Run it under
-the ring's tuning variables to compare plans in one build, for example:
+and SwiGLU's (glu; not in the default set), bf16: median ms (triton
+do_bench, L2 flushed) and the fraction of the copy bandwidth measured in
+the same run over the minimal bytes. Run it under the ring's tuning
+variables to compare plans in one build, or once a build, for example:
 
     python bench/ring_plans.py default
     OPSMITH_RING_STAGES=0 python bench/ring_plans.py streaming
@@ -81,6 +82,14 @@ def cases(which):
         for r, c in ((2048, 32768), (8192, 8192), (1024, 65536), (8192, 16384), (16384, 4096), (65536, 1024)):
             x, w = randn(r, c), randn(c)
             yield f"rms_norm fwd {r}x{c}", (lambda x=x, w=w: opsmith.rms_norm(x, w)), 2 * r * c * 2
+    if "glu" in which:
+        # forward: gate and up read, y written; backward: dy, gate and up read, dgate and dup written
+        for r, n in ((16384, 14336), (4096, 11008), (8192, 28672), (16384, 4096), (4096, 14336)):
+            gate, up, dy = randn(r, n), randn(r, n), randn(r, n)
+            yield f"swiglu fwd {r}x{n}", (lambda g=gate, u=up: opsmith.swiglu(g, u)), 3 * r * n * 2
+            gg, ug = gate.clone().requires_grad_(True), up.clone().requires_grad_(True)
+            yield f"swiglu fwd+bwd {r}x{n}", \
+                (lambda g=gg, u=ug, d=dy: torch.autograd.grad(opsmith.swiglu(g, u), (g, u), d)), 8 * r * n * 2
     if "add" in which:
         for r, c in ((8192, 8192), (4096, 16384), (2048, 32768), (16384, 4096), (32768, 4096), (65536, 2048)):
             x, res, w = randn(r, c), randn(r, c), randn(c)
