@@ -312,7 +312,7 @@ def test_cuda_kernel_families():
     # cluster split for wide rows, the ring forward with rows walked by its
     # persistent clusters: 3000 x 8192, 600 x 32768) against the unfused op
     for rows, n in ((1, 4096), (64, 8192), (1024, 4096), (4096, 16384), (300, 12288), (17, 5000), (3000, 8192),
-                    (600, 32768)):
+                    (600, 32768), (3, 32768)):  # 3 x 32768: the short batch at 8 packs a thread
         x, r = rand(rows, n, dtype=torch.bfloat16, device="cuda"), rand(rows, n, dtype=torch.bfloat16, device="cuda")
         w = rand(n, dtype=torch.float32, device="cuda")
         dys = (rand(rows, n, dtype=torch.bfloat16, device="cuda"), rand(rows, n, dtype=torch.bfloat16, device="cuda"))

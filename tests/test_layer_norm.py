@@ -141,6 +141,23 @@ def test_cuda_mixed_dtypes_at_training_sizes(xd, n):
             _close(grads[k], rgrads[k], 4 * TOL[torch.float32] * rows, f"{route} d{k}")
 
 
+@needs_cuda
+@pytest.mark.parametrize("shape,xd", [((3, 32768), torch.bfloat16), ((65600, 258), torch.float64),
+                                      ((70000, 7), torch.float32)], ids=["3x32768-bf16", "65600x258-f64", "70000x7-f32"])
+def test_cuda_plans_at_the_edges(shape, xd):
+    """The short batch at 8 packs a thread in 16-bit, the resident forward
+    and generic kernels past 65535 rows (a grid's y limit), against float64."""
+    x, w, b, dy = _inputs(shape, xd, xd, "cuda", seed=shape[0])
+    y, grads = _grads(opsmith.layer_norm, x, w, b, dy)
+    ref, rgrads = _grads(lambda x, w, b, eps: F.layer_norm(x, (shape[-1],), w, b, eps),
+                         *[t.double() for t in (x, w, b, dy)])
+    _close(y, ref, TOL[xd], "y")
+    _close(grads["x"], rgrads["x"], TOL[xd], "dx")
+    for k in "wb":
+        # sums over the rows, rounding with their count
+        _close(grads[k], rgrads[k], TOL[xd] * shape[0] ** 0.5, f"d{k}")
+
+
 def test_float64_x_with_float32_weight():
     # PyTorch refuses this pair on the CPU; opsmith takes it (output float64)
     x, w, b, _ = _inputs((4, 16), torch.float64, torch.float32, "cpu")
