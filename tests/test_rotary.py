@@ -446,7 +446,7 @@ def test_position_out_of_range_cuda_gives_nan_row():
 
 @requires_cuda
 def test_position_out_of_range_cuda_flat_plan():
-    # rows enough for the flat kernel at 8 heads a thread: each group's cos/sin turn NaN once
+    # rows enough for the flat kernel at 8 heads a thread (not the short-batch plans)
     gen = torch.Generator().manual_seed(31)
     s = 8192
     q = torch.randn(1, 12, s, 64, generator=gen).to("cuda", torch.bfloat16)
@@ -472,8 +472,8 @@ CUDA_SHAPES = [  # (B, S, Hq, Hk, D, R)
     (2, 17, 8, 2, 128, 128), (1, 1, 32, 8, 128, 128), (3, 5, 4, 4, 64, 64), (2, 9, 4, 1, 256, 256),
     (2, 7, 3, 1, 80, 32), (2, 5, 2, 2, 6, 6), (1, 33, 5, 3, 18, 10), (2, 3, 4, 0, 130, 130),
     (1, 300, 2, 1, 96, 96), (2, 4, 40, 8, 128, 64),
-    # past the short-batch plans: the flat kernel at 8 (6, 16) heads a thread, q's and k's heads
-    # in groups of their own (12 = 8 + 4, then k's 4), partial rotary; and without k
+    # past the short-batch plans: the flat kernel at 8 (6, 16) heads a thread, with a q head
+    # count no multiple of 8 beside k's 4, partial rotary; and without k
     (2, 4096, 12, 4, 64, 48), (1, 8192, 20, 0, 64, 64),
 ]
 
