@@ -87,6 +87,18 @@ template <> __host__ __device__ __forceinline__ __nv_bfloat16 from_acc<__nv_bflo
     return __float2bfloat16_rn(v);
 }
 
+constexpr float kLog2e = 1.4426950408889634f;
+
+/* 2^v on the hardware unit (one MUFU.EX2), denormal inputs and results
+ * flushed to zero: without .ftz (exp2f's approximate form, __expf) each
+ * call also takes a compare and two predicated multiplies that scale
+ * around denormals. */
+__device__ __forceinline__ float ex2_ftz(float v) {
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
+    return r;
+}
+
 __device__ __forceinline__ double rsqrt_acc(double v) { return rsqrt(v); }
 __device__ __forceinline__ float rsqrt_acc(float v) { return rsqrtf(v); }
 

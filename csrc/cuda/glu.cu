@@ -32,9 +32,10 @@ template <> struct Act<OPSMITH_GLU_ACTIVATION_SILU> {
     }
     /* for 16-bit storage: the hardware exp and divide (about 1e-6 relative,
      * far inside a 16-bit result's rounding) shorten the per-element chain,
-     * which is what a decode-sized call waits on */
+     * which is what a decode-sized call waits on; e^-g flushed to zero where
+     * it is denormal only ever adds to 1, where it rounds away */
     static __device__ __forceinline__ float fast(float g, float *slope) {
-        const float s = __fdividef(1.0f, 1.0f + __expf(-g));
+        const float s = __fdividef(1.0f, 1.0f + ex2_ftz(-g * kLog2e));
         *slope = s * (1.0f + g * (1.0f - s));
         return g * s;
     }
@@ -74,7 +75,7 @@ template <> struct Act<OPSMITH_GLU_ACTIVATION_GELU_TANH> {
      * 1 - th^2, so no relative error is amplified) */
     static __device__ __forceinline__ float fast(float g, float *slope) {
         const float k = 0.79788456080286536f, c = 0.044715f;
-        const float th = 1.0f - __fdividef(2.0f, 1.0f + __expf(2.0f * k * (g + c * g * g * g)));
+        const float th = 1.0f - __fdividef(2.0f, 1.0f + ex2_ftz(2.0f * k * (g + c * g * g * g) * kLog2e));
         *slope = 0.5f * (1.0f + th) + 0.5f * g * (1.0f - th * th) * k * (1.0f + 3.0f * c * g * g);
         return 0.5f * g * (1.0f + th);
     }
@@ -111,17 +112,33 @@ template <typename T, int V> __device__ __forceinline__ void store_chunk(T *p, c
     }
 }
 
+/* A chunk's elements in Acc: a 16-byte chunk by common.cuh's unpack (a
+ * bfloat16 pair's high member masked, where element by element it took a
+ * byte permute and a shift), else element by element. */
+template <typename Acc, typename T, int V> __device__ __forceinline__ void acc_of(const Chunk<T, V> &c, Acc (&v)[V]) {
+    if constexpr (V * sizeof(T) == 16) {
+        Pack<T> p;
+        memcpy(&p, &c, sizeof p);
+        unpack(p, v);
+    } else {
+#pragma unroll
+        for (int k = 0; k < V; k++) v[k] = to_acc(c.v[k]);
+    }
+}
+
 /* One step: V elements of y = act(gate) * up. */
 template <typename T, typename Acc, int A, int V>
 __device__ __forceinline__ void fwd_step(const T *gate, const T *up, T *y) {
     const Chunk<T, V> g = load_chunk<T, V>(gate);
     const Chunk<T, V> u = load_chunk<T, V>(up);
+    Acc gv[V], uv[V];
+    acc_of(g, gv), acc_of(u, uv);
     Chunk<T, V> out;
 #pragma unroll
     for (int k = 0; k < V; k++) {
         Acc slope;
-        const Acc v = act<A, T>(to_acc(g.v[k]), &slope);
-        out.v[k] = from_acc<T>(v * to_acc(u.v[k]));
+        const Acc v = act<A, T>(gv[k], &slope);
+        out.v[k] = from_acc<T>(v * uv[k]);
     }
     store_chunk<T, V>(y, out);
 }
@@ -133,15 +150,16 @@ __device__ __forceinline__ void bwd_step(const T *dy, const T *gate, const T *up
     const Chunk<T, V> d = load_chunk<T, V>(dy);
     const Chunk<T, V> g = load_chunk<T, V>(gate);
     const Chunk<T, V> u = load_chunk<T, V>(up);
+    Acc dv[V], gv[V], uv[V];
+    acc_of(d, dv), acc_of(g, gv), acc_of(u, uv);
     Chunk<T, V> dg, du, hv;
 #pragma unroll
     for (int k = 0; k < V; k++) {
         Acc slope;
-        const Acc uv = to_acc(u.v[k]), dv = to_acc(d.v[k]);
-        const Acc v = act<A, T>(to_acc(g.v[k]), &slope);
-        dg.v[k] = from_acc<T>(dv * uv * slope);
-        du.v[k] = from_acc<T>(dv * v);
-        if (H) hv.v[k] = from_acc<T>(v * uv);
+        const Acc v = act<A, T>(gv[k], &slope);
+        dg.v[k] = from_acc<T>(dv[k] * uv[k] * slope);
+        du.v[k] = from_acc<T>(dv[k] * v);
+        if (H) hv.v[k] = from_acc<T>(v * uv[k]);
     }
     store_chunk<T, V>(dgate, dg);
     store_chunk<T, V>(dup, du);

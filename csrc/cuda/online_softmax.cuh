@@ -36,16 +36,10 @@ template <> __device__ __forceinline__ double nan_acc<double>() { return CUDART_
  * |max| above ~7e8 into NaN). The shift is the running max m itself. */
 template <typename A> struct Ex;
 template <> struct Ex<float> {
-    static constexpr float kLog2e = 1.4426950408889634f;
-    __device__ static __forceinline__ float ex2(float v) {
-        float r;
-        asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
-        return r;
-    }
     /* exp(y - m) */
-    __device__ static __forceinline__ float term(float y, float m) { return ex2((y - m) * kLog2e); }
+    __device__ static __forceinline__ float term(float y, float m) { return ex2_ftz((y - m) * kLog2e); }
     /* exp(a - b) for two maxima a and b */
-    __device__ static __forceinline__ float ratio(float Ma, float Mb) { return ex2((Ma - Mb) * kLog2e); }
+    __device__ static __forceinline__ float ratio(float Ma, float Mb) { return ex2_ftz((Ma - Mb) * kLog2e); }
     /* log(sum exp(y - m)) from s = that sum */
     __device__ static __forceinline__ float log_sum(float s) { return logf(s); }
 };

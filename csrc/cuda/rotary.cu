@@ -1,7 +1,7 @@
 /* Rotary position embedding on CUDA: q and k in one launch, bandwidth
  * bound (q, k, cos, sin read once; q, k written once).
  *
- * Work item: (row (b, s), group of 8 (or 6) heads of q then k, slot). A slot
+ * Work item: (row (b, s), group of 8 (or 6) heads of q or of k, slot). A slot
  * is one pack of a head's pairs (rotate-half: V elements of the first half
  * with the matching V of the second; interleaved: V/2 whole pairs), or,
  * past the packs, one piece of the pass-through dims [rotary_dim, head_dim)
@@ -87,6 +87,51 @@ template <typename U, int N, bool VEC> __device__ __forceinline__ void store_val
     }
 }
 
+/* A Vals' elements in Acc: whole 16-bit packs by common.cuh's unpack (bit
+ * moves, one instruction an element; element by element a bfloat16 pair's
+ * high member took a byte permute and a shift), anything else by to_acc. */
+template <typename Acc, typename U, int N, bool VEC>
+__device__ __forceinline__ void acc_of(const Vals<U, N, VEC> &x, Acc (&out)[N]) {
+    constexpr int per = (int)(16 / sizeof(U));
+    if constexpr (VEC && sizeof(U) == 2 && N % per == 0) {
+#pragma unroll
+        for (int p = 0; p < N / per; p++) {
+            Pack<U> pk;
+            memcpy(&pk, x.v + p * per, sizeof pk);
+            unpack(pk, *reinterpret_cast<Acc(*)[per]>(out + p * per));
+        }
+    } else {
+#pragma unroll
+        for (int k = 0; k < N; k++) out[k] = to_acc(x.v[k]);
+    }
+}
+
+/* x's elements all NaN where bad, word by word (once an item, on the
+ * packed cos/sin: every rotation they enter is then NaN, with no select on
+ * each head's outputs). */
+template <typename U, int N, bool VEC> __device__ __forceinline__ void nan_if(Vals<U, N, VEC> &x, bool bad) {
+    if constexpr (sizeof(x) % 4 == 0) {
+        Vals<U, N, VEC> nan;
+#pragma unroll
+        for (int k = 0; k < N; k++) nan.v[k] = from_acc<U>(typename AccOf<U>::type(NAN));
+        uint32_t w[sizeof(x) / 4], n[sizeof(x) / 4];
+        memcpy(w, &x, sizeof x);
+        memcpy(n, &nan, sizeof nan);
+        /* a 32-bit select in PTX: written in C++, the 16-bit tables' words
+         * were split into halves, selected one by one and joined again for
+         * each head (opaque wants whole words) */
+#pragma unroll
+        for (int k = 0; k < (int)(sizeof(x) / 4); k++)
+            asm("{ .reg .pred p; setp.ne.u32 p, %2, 0; selp.b32 %0, %3, %1, p; }"
+                : "=r"(w[k])
+                : "r"(w[k]), "r"((uint32_t)bad), "r"(n[k]));
+        memcpy(&x, w, sizeof x);
+    } else {
+#pragma unroll
+        for (int k = 0; k < N; k++) x.v[k] = bad ? from_acc<U>(typename AccOf<U>::type(NAN)) : x.v[k];
+    }
+}
+
 template <typename I> struct View {
     I bs, ss, hs;
 };
@@ -108,7 +153,7 @@ struct Args {
      * the flat plans only) */
     int64_t packs;  /* rotation slots a head */
     int64_t slots;  /* packs + copy slots */
-    int64_t groups; /* ceil((hq + hk) / heads a thread) */
+    int64_t groups; /* ceil(hq / heads a thread) + ceil(hk / heads a thread) */
     int64_t cw;     /* elements a copy slot: a 16-byte pack, or 1 */
     int64_t items;
     bool narrow;    /* items < 2^32: index arithmetic in 32 bits */
@@ -139,49 +184,72 @@ struct RowArgs {
 };
 static_assert(offsetof(RowArgs, pos_bs) == 128, "a rotation without position_ids reads the first 128 bytes");
 
-/* The first element of head h (q heads, then k heads) of row (b, s), in
- * and out. The flat plans form each tensor's row pointer once (a thread's
- * 8 heads share it); the row plan (one or two heads a thread, 32-bit
- * offsets) forms a head's pointers where they are used, so the output's
- * come after the loads are issued. */
-template <typename T, typename A, typename I = typename A::Index> struct Row {
+/* A thread's group of heads of row (b, s): the first element of its j-th
+ * head, in and out. The flat plans' groups each lie in one tensor (q's
+ * groups, then k's), so a head's pointers are the group's first head's
+ * plus j strides, an add a head; the row plan's (one or two heads of q then
+ * k, 32-bit offsets) form a head's pointers where they are used, so the
+ * output's come after the loads are issued. */
+template <typename T, typename A, int kHeads, typename I = typename A::Index> struct Group {
     static constexpr bool kLazy = std::is_same<A, RowArgs>::value;
     const A &a;
     I b, s;
-    const T *q, *k;
-    T *qo, *ko;
-    __device__ __forceinline__ Row(const A &a_, I b_, I s_) : a(a_), b(b_), s(s_) {
-        if constexpr (!kLazy) {
-            q = static_cast<const T *>(a.q) + b * a.vq.bs + s * a.vq.ss;
-            qo = static_cast<T *>(a.qo) + b * a.vqo.bs + s * a.vqo.ss;
-            k = a.hk ? static_cast<const T *>(a.k) + b * a.vk.bs + s * a.vk.ss : nullptr;
-            ko = a.hk ? static_cast<T *>(a.ko) + b * a.vko.bs + s * a.vko.ss : nullptr;
+    int h0; /* the row plan: the first head, counted over q's then k's */
+    int n;  /* the flat plans: heads in the group */
+    const T *in0;
+    T *out0;
+    I ins, outs;
+    bool copy;
+    /* g: the flat plans' group (q's groups first), the row plan's first head */
+    __device__ __forceinline__ Group(const A &a_, I b_, I s_, int g) : a(a_), b(b_), s(s_) {
+        if constexpr (kLazy) {
+            h0 = g;
+        } else {
+            const int gq = (a.hq + kHeads - 1) / kHeads;
+            const bool isk = g >= gq;
+            const int first = (isk ? g - gq : g) * kHeads;
+            n = min(kHeads, (isk ? a.hk : a.hq) - first);
+            const View<int64_t> &vi = isk ? a.vk : a.vq, &vo = isk ? a.vko : a.vqo;
+            in0 = static_cast<const T *>(isk ? a.k : a.q) + (b * vi.bs + s * vi.ss + first * vi.hs);
+            out0 = static_cast<T *>(isk ? a.ko : a.qo) + (b * vo.bs + s * vo.ss + first * vo.hs);
+            ins = vi.hs, outs = vo.hs;
+            copy = isk ? a.copy_k : a.copy_q;
         }
     }
-    __device__ __forceinline__ const T *in(int h) const {
-        if constexpr (kLazy)
+    __device__ __forceinline__ bool has(int j) const {
+        if constexpr (kLazy) return h0 + j < a.hq + a.hk;
+        else return j < n;
+    }
+    __device__ __forceinline__ const T *in(int j) const {
+        if constexpr (kLazy) {
+            const int h = h0 + j;
             return h < a.hq ? static_cast<const T *>(a.q) + (b * a.vq.bs + s * a.vq.ss + h * a.vq.hs)
                             : static_cast<const T *>(a.k) + (b * a.vk.bs + s * a.vk.ss + (h - a.hq) * a.vk.hs);
-        else
-            return h < a.hq ? q + h * a.vq.hs : k + (h - a.hq) * a.vk.hs;
+        } else {
+            return in0 + j * ins;
+        }
     }
-    __device__ __forceinline__ T *out(int h) const {
-        if constexpr (kLazy)
+    __device__ __forceinline__ T *out(int j) const {
+        if constexpr (kLazy) {
+            const int h = h0 + j;
             return h < a.hq ? static_cast<T *>(a.qo) + (b * a.vqo.bs + s * a.vqo.ss + h * a.vqo.hs)
                             : static_cast<T *>(a.ko) + (b * a.vko.bs + s * a.vko.ss + (h - a.hq) * a.vko.hs);
-        else
-            return h < a.hq ? qo + h * a.vqo.hs : ko + (h - a.hq) * a.vko.hs;
+        } else {
+            return out0 + j * outs;
+        }
     }
-    __device__ __forceinline__ bool copies(int h) const { return h < a.hq ? a.copy_q : a.copy_k; }
+    __device__ __forceinline__ bool copies(int j) const {
+        if constexpr (kLazy) return h0 + j < a.hq ? a.copy_q : a.copy_k;
+        else return copy;
+    }
 };
 
 /* POS: position_ids may be given (checked at run time); without it no
  * position load, no NaN selects for a position out of range. */
 template <typename T, typename C, typename Acc, bool HALF, int V, bool VEC, bool BWD, int kHeads, bool POS,
           typename A, typename I = typename A::Index>
-__device__ __forceinline__ void rotate_item(const A &a, const Row<T, A> &row, I pk, int h0) {
-    const I b = row.b, s = row.s;
-    const int heads = a.hq + a.hk;
+__device__ __forceinline__ void rotate_item(const A &a, const Group<T, A, kHeads> &grp, I pk) {
+    const I b = grp.b, s = grp.s;
     const I half = a.rotary_dim / 2;
     const I ea = pk * V, eb = HALF ? half + pk * V : pk * V;
     I cs_off;
@@ -198,11 +266,15 @@ __device__ __forceinline__ void rotate_item(const A &a, const Row<T, A> &row, I 
     Vals<C, V, VEC> c1 = load_vals<C, V, VEC, true>(cosr + ea), s1 = load_vals<C, V, VEC, true>(sinr + ea);
     Vals<C, V, VEC> c2, s2;
     if constexpr (HALF) c2 = load_vals<C, V, VEC, true>(cosr + eb), s2 = load_vals<C, V, VEC, true>(sinr + eb);
+    if (POS) {
+        nan_if(c1, bad), nan_if(s1, bad);
+        if constexpr (HALF) nan_if(c2, bad), nan_if(s2, bad);
+    }
     Vals<T, V, VEC> xa[kHeads], xb[kHeads];
 #pragma unroll
     for (int j = 0; j < kHeads; j++) {
-        if (h0 + j < heads) {
-            const T *x = row.in(h0 + j);
+        if (grp.has(j)) {
+            const T *x = grp.in(j);
             xa[j] = load_vals<T, V, VEC>(x + ea);
             if constexpr (HALF) xb[j] = load_vals<T, V, VEC>(x + eb);
         }
@@ -212,10 +284,9 @@ __device__ __forceinline__ void rotate_item(const A &a, const Row<T, A> &row, I 
      * within the pair and negated, (u ca + w sb, w cb - u sa). cos/sin stay
      * packed in registers and are converted for each head (16 registers of
      * 16-bit tables, not 32 of floats). */
-    const Acc nan = Acc(NAN);
 #pragma unroll
     for (int j = 0; j < kHeads; j++) {
-        if (h0 + j < heads) {
+        if (grp.has(j)) {
             if constexpr (VEC && sizeof(T) == 2) {
                 /* convert each head's packs only when its turn comes (after the
                  * previous head's stores): converted early, 8 heads of 16-bit
@@ -228,18 +299,17 @@ __device__ __forceinline__ void rotate_item(const A &a, const Row<T, A> &row, I 
                     if constexpr (HALF) opaque(c2), opaque(s2);
                 }
             }
-            T *o = row.out(h0 + j);
+            T *o = grp.out(j);
+            Acc u[V], ca[V], sa[V];
+            acc_of(xa[j], u), acc_of(c1, ca), acc_of(s1, sa);
             if constexpr (HALF) {
+                Acc w[V], cb[V], sb[V];
+                acc_of(xb[j], w), acc_of(c2, cb), acc_of(s2, sb);
                 Vals<T, V, VEC> oa, ob;
 #pragma unroll
                 for (int k = 0; k < V; k++) {
-                    const Acc u = to_acc(xa[j].v[k]), w = to_acc(xb[j].v[k]);
-                    const Acc ca = to_acc(c1.v[k]), cb = to_acc(c2.v[k]), sa = to_acc(s1.v[k]),
-                              sb = to_acc(s2.v[k]);
-                    const Acc ra = BWD ? u * ca + w * sb : u * ca - w * sa;
-                    const Acc rb = BWD ? w * cb - u * sa : w * cb + u * sb;
-                    oa.v[k] = from_acc<T>(bad ? nan : ra);
-                    ob.v[k] = from_acc<T>(bad ? nan : rb);
+                    oa.v[k] = from_acc<T>(BWD ? u[k] * ca[k] + w[k] * sb[k] : u[k] * ca[k] - w[k] * sa[k]);
+                    ob.v[k] = from_acc<T>(BWD ? w[k] * cb[k] - u[k] * sa[k] : w[k] * cb[k] + u[k] * sb[k]);
                 }
                 store_vals<T, V, VEC>(o + ea, oa);
                 store_vals<T, V, VEC>(o + eb, ob);
@@ -247,13 +317,10 @@ __device__ __forceinline__ void rotate_item(const A &a, const Row<T, A> &row, I 
                 Vals<T, V, VEC> ov;
 #pragma unroll
                 for (int k = 0; k < V; k += 2) {
-                    const Acc u = to_acc(xa[j].v[k]), w = to_acc(xa[j].v[k + 1]);
-                    const Acc ca = to_acc(c1.v[k]), cb = to_acc(c1.v[k + 1]), sa = to_acc(s1.v[k]),
-                              sb = to_acc(s1.v[k + 1]);
-                    const Acc ra = BWD ? u * ca + w * sb : u * ca - w * sa;
-                    const Acc rb = BWD ? w * cb - u * sa : w * cb + u * sb;
-                    ov.v[k] = from_acc<T>(bad ? nan : ra);
-                    ov.v[k + 1] = from_acc<T>(bad ? nan : rb);
+                    ov.v[k] = from_acc<T>(BWD ? u[k] * ca[k] + u[k + 1] * sa[k + 1]
+                                              : u[k] * ca[k] - u[k + 1] * sa[k]);
+                    ov.v[k + 1] = from_acc<T>(BWD ? u[k + 1] * ca[k + 1] - u[k] * sa[k]
+                                                  : u[k + 1] * ca[k + 1] + u[k] * sa[k + 1]);
                 }
                 store_vals<T, V, VEC>(o + ea, ov);
             }
@@ -261,18 +328,17 @@ __device__ __forceinline__ void rotate_item(const A &a, const Row<T, A> &row, I 
     }
 }
 
-/* W elements at dim e of each of the item's heads copied unchanged (the
+/* W elements at dim e of each of the group's heads copied unchanged (the
  * pass-through dims), loads first. */
 template <typename T, int W, bool VEC, int kHeads, typename A, typename I = typename A::Index>
-__device__ __forceinline__ void copy_item(const A &a, const Row<T, A> &row, I e, int h0) {
-    const int heads = a.hq + a.hk;
+__device__ __forceinline__ void copy_item(const Group<T, A, kHeads> &grp, I e) {
     Vals<T, W, VEC> x[kHeads];
 #pragma unroll
     for (int j = 0; j < kHeads; j++)
-        if (h0 + j < heads && row.copies(h0 + j)) x[j] = load_vals<T, W, VEC>(row.in(h0 + j) + e);
+        if (grp.has(j) && grp.copies(j)) x[j] = load_vals<T, W, VEC>(grp.in(j) + e);
 #pragma unroll
     for (int j = 0; j < kHeads; j++)
-        if (h0 + j < heads && row.copies(h0 + j)) store_vals<T, W, VEC>(row.out(h0 + j) + e, x[j]);
+        if (grp.has(j) && grp.copies(j)) store_vals<T, W, VEC>(grp.out(j) + e, x[j]);
 }
 
 /* q = x / d, r = x % d, in 32 bits when the whole item range fits */
@@ -285,25 +351,25 @@ __device__ __forceinline__ void divmod(bool narrow, int64_t x, int64_t d, int64_
     }
 }
 
-/* One item: the rotation slot or the pass-through piece `slot` of heads
- * h0.. of row (b, s). */
+/* One item: the rotation slot or the pass-through piece `slot` of group g
+ * (Group's g) of row (b, s). */
 template <typename T, typename C, typename Acc, bool HALF, int V, bool VEC, bool BWD, int H, bool POS = true,
           typename A, typename I = typename A::Index>
-__device__ __forceinline__ void item(const A &a, I b, I s, I slot, int h0) {
+__device__ __forceinline__ void item(const A &a, I b, I s, I slot, int g) {
     constexpr int W = (int)(16 / sizeof(T));
-    const Row<T, A> row(a, b, s);
+    const Group<T, A, H> grp(a, b, s, g);
     if (slot < a.packs) {
-        rotate_item<T, C, Acc, HALF, V, VEC, BWD, H, POS>(a, row, slot, h0);
+        rotate_item<T, C, Acc, HALF, V, VEC, BWD, H, POS>(a, grp, slot);
         return;
     }
     const I e = a.rotary_dim + (slot - a.packs) * a.cw;
     if constexpr (VEC) {
         if (a.cw == W) {
-            copy_item<T, W, true, H>(a, row, e, h0);
+            copy_item<T, W, true, H>(grp, e);
             return;
         }
     }
-    copy_item<T, 1, false, H>(a, row, e, h0);
+    copy_item<T, 1, false, H>(grp, e);
 }
 
 template <typename T, typename C, typename Acc, bool HALF, int V, bool VEC, bool BWD, int H>
@@ -314,7 +380,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) rotary_kernel(Args a) {
         divmod(a.narrow, t, a.slots, rg, slot);
         divmod(a.narrow, rg, a.groups, r, g);
         divmod(a.narrow, r, a.seq, b, s);
-        item<T, C, Acc, HALF, V, VEC, BWD, H>(a, b, s, slot, (int)g * H);
+        item<T, C, Acc, HALF, V, VEC, BWD, H>(a, b, s, slot, (int)g);
     }
 }
 
@@ -415,7 +481,7 @@ void launch(Args a, bool vec, cudaStream_t stream) {
         return;
     }
     const int64_t per = !vec ? HS : small ? 2 : HV;
-    a.groups = (heads + per - 1) / per;
+    a.groups = (a.hq + per - 1) / per + (a.hk + per - 1) / per; /* a group's heads: q's or k's */
     a.items = a.rows * a.groups * a.slots;
     a.narrow = a.items <= (int64_t)UINT32_MAX; /* t < items inside the loop */
     const int64_t blocks = (a.items + kThreads - 1) / kThreads;
