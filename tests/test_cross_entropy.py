@@ -187,6 +187,26 @@ def test_cuda_rows_walked_by_persistent_clusters(dtype, rows, n, plain):
         assert torch.equal(cross_entropy(x, t, w, **kw), loss.detach())
 
 
+# The plain kernel's gradient takes exp(y - m) as 2^(y log2e - M), M = m log2e
+# rounded, its rounding folded into the row's factor, while |M| < 2^24 (the
+# subtracting form beyond): logits offset so that M's rounding is 1/16 of a
+# unit (a factor of 4% if it were not folded) and past the limit, through one
+# CTA a row (16384) and a cluster (128256); the CPU kernels alike.
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("offset", [1e6, 3e7], ids=["fma-form", "past-its-limit"])
+@pytest.mark.parametrize("rows,n", [(300, 16384), (150, 128256)], ids=str)
+def test_plain_gradient_far_from_zero(device, offset, rows, n):
+    x, t, _ = make(rows, n, torch.float32, device, seed=rows + n)
+    x = x + offset
+    ref, xd = torch_reference(x, t, None)
+    (dref,) = torch.autograd.grad(ref, [xd])
+    xg = x.clone().requires_grad_()
+    loss = cross_entropy(xg, t)
+    assert_close(loss, ref, torch.float32, f"offset {offset:g} loss")
+    (dx,) = torch.autograd.grad(loss, [xg])
+    assert_grad_close(dx, dref, torch.float32, f"offset {offset:g} {rows}x{n} dlogits")
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_shapes_and_layouts(device):
     x, t, w = make(24, 66, torch.float32, device)

@@ -149,11 +149,12 @@
      * widened once: max, e = exp(y - max) kept in the buffer, their sum, and  \
      * from them the gradient (p = e / sum) when d is not NULL: one pass of    \
      * loads and exponentials where the general path makes three. coef is     \
-     * coef0 + z2 lse (the z-loss term needs lse). Returns lse; *wy as         \
-     * row_lse's. d may be x (in place): every y is read before d is written. */\
+     * coef0 + z2 lse (the z-loss term needs lse). Returns lse; *wy, *base_out \
+     * and *total_out as row_lse's. d may be x (in place): every y is read     \
+     * before d is written. */                                                 \
     OPSMITH_CPU_CLONES static ACC row_small_##SUFFIX(int64_t n, const T *x, int64_t t, ACC cap, const ACC *w,  \
                                                      ACC *wy, ACC coef0, ACC z2, ACC smooth, ACC target_coef,  \
-                                                     ACC scale, T *d) {                                        \
+                                                     ACC scale, T *d, ACC *base_out, ACC *total_out) {         \
         const ACC inv_cap = cap > 0 ? (ACC)1 / cap : (ACC)0;                                                    \
         ACC buf[BLOCK], e[BLOCK], m[LANES], a[LANES], s[LANES];                                                 \
         for (int k = 0; k < LANES; k++) m[k] = -INFINITY, a[k] = 0, s[k] = 0;                                   \
@@ -164,6 +165,7 @@
         ACC total = 0;                                                                                          \
         for (int k = 0; k < LANES; k++) total += s[k];                                                          \
         const ACC lse = base + LOG(total);                                                                      \
+        *base_out = base, *total_out = total;                                                                   \
         if (!d) return lse;                                                                                     \
         const ACC pc = (coef0 + z2 * lse) / total;                                                              \
         for (int64_t k = 0; k < n; k++) e[k] *= pc;                                                             \
@@ -223,7 +225,8 @@
             const ACC lse = small ? row_small_##SUFFIX(n, xr, t, cap, w, ls > 0 ? &wy : NULL,                   \
                                                        ((ACC)1 - ls) * wt + ls_n * wsum, 2 * z, ls_n,           \
                                                        ((ACC)1 - ls) * wt, scale,                               \
-                                                       t == ignore ? NULL : dl ? dl + r * dls : NULL)           \
+                                                       t == ignore ? NULL : dl ? dl + r * dls : NULL, &base,    \
+                                                       &total)                                                  \
                                   : row_lse_##SUFFIX(n, xr, cap, w, ls > 0 ? &wy : NULL, &base, &total);        \
             if (lse_out) lse_out[r] = lse;                                                                      \
             if (t == ignore) {                                                                                  \
@@ -234,7 +237,8 @@
                 continue;                                                                                       \
             }                                                                                                   \
             const ACC zl = z * lse * lse;                                                                       \
-            ACC l = ((ACC)1 - ls) * wt * (lse - y_t) + zl;                                                      \
+            /* (base - y_t) + log(total): lse - y_t without lse's rounding (ulp 2 at |y| ~ 3e7 in float) */     \
+            ACC l = ((ACC)1 - ls) * wt * ((base - y_t) + LOG(total)) + zl;                                      \
             if (ls > 0) l += ls_n * (wsum * lse - wy);                                                          \
             loss_rows[r] = l;                                                                                   \
             if (z_rows) z_rows[r] = zl;                                                                         \
