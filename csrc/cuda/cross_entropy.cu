@@ -95,25 +95,6 @@ template <typename A> struct RowGrad {
     }
 };
 
-/* p(y) * coef for the plain gradient loop in one FFMA, one ex2 and one
- * multiply an element (float; term() takes a subtraction more): exp(y - m) =
- * 2^(fma(y, log2e, -M)) * 2^(m log2e - M), M = m log2e rounded once a row,
- * its rounding (exact through an FMA) folded into the row's factor c, so p
- * is exp(y - m) / s to within term()'s roundings. Taken while |M| < 2^24:
- * the folded factor within [0.7, 1.42], no term past 2^0.5. Rows beyond
- * (|max logit| above ~1.1e7), with no finite max, and float64 take term(). */
-template <typename A> struct FmaTerm {
-    static constexpr bool kUsable = std::is_same<A, float>::value;
-    A M, c;
-    bool ok;
-    __device__ __forceinline__ FmaTerm(A m, A coef) {
-        M = m * A(kLog2e);
-        ok = kUsable && fabs(M) < A(16777216);
-        c = ok ? coef * A(exp2f(fmaf((float)m, kLog2e, -(float)M))) : A(0);
-    }
-    __device__ __forceinline__ A operator()(A y) const { return A(ex2_ftz(fmaf((float)y, kLog2e, -(float)M))) * c; }
-};
-
 /* The row's loss, z-loss and lse (one thread), and its gradient's
  * constants. y_t: the target's capped logit, read before any write. */
 template <typename A>
@@ -319,26 +300,18 @@ rows_ring_kernel(int64_t rows, int64_t n, const T *x, int64_t xs, const int64_t 
             }
             const int it = t >= body ? -1 : (int)(t / V) - c.p0;
             const int kt = (int)(t % V);
-            const FmaTerm<A> ft(grad.nr.m, grad.nr.inv_s * grad.coef);
-            /* the loop once for each form, chosen once a row */
-            auto packs = [&](auto fma_form) {
-                c.each([&](int i) {
-                    A g[V];
-                    unpack(buf[i], g);
+            c.each([&](int i) {
+                A g[V];
+                unpack(buf[i], g);
 #pragma unroll
-                    for (int k = 0; k < V; k++) g[k] = decltype(fma_form)::value ? ft(g[k]) : grad.p_coef(g[k]);
-                    if (i == it) {
+                for (int k = 0; k < V; k++) g[k] = grad.p_coef(g[k]);
+                if (i == it) {
 #pragma unroll
-                        for (int k = 0; k < V; k++)
-                            if (k == kt) g[k] -= grad.tcoef;
-                    }
-                    store_pack(dc + i * V, pack_of<T>(g));
-                });
-            };
-            if (FmaTerm<A>::kUsable && ft.ok)
-                packs(std::true_type{});
-            else
-                packs(std::false_type{});
+                    for (int k = 0; k < V; k++)
+                        if (k == kt) g[k] -= grad.tcoef;
+                }
+                store_pack(dc + i * V, pack_of<T>(g));
+            });
         } else {
             c.each([&](int i) {
                 A v[V];
