@@ -182,9 +182,13 @@ def test_cuda_rows_walked_by_persistent_clusters(dtype, rows, n, plain):
     assert torch.equal(loss2, loss)
     loss2.backward()
     assert torch.equal(logits.grad, dx)
-    # without a gradient (the forward alone) the loss is the same bits
+    # without a gradient (the forward alone: the streaming kernel, a block a
+    # row, where these walk slices of a row over a cluster) the loss sums in
+    # another order: the same to within the loss dtype's last bits
     with torch.no_grad():
-        assert torch.equal(cross_entropy(x, t, w, **kw), loss.detach())
+        alone = cross_entropy(x, t, w, **kw)
+    eps = torch.finfo(loss.dtype).eps
+    torch.testing.assert_close(alone, loss.detach(), rtol=4 * eps, atol=0)
 
 
 # The plain kernel's gradient takes exp(y - m) as 2^(y log2e - M), M = m log2e
