@@ -211,6 +211,24 @@ def test_logits_far_from_zero(device, offset, rows, n):
     assert_grad_close(dx, dref, torch.float32, f"offset {offset:g} {rows}x{n} dlogits")
 
 
+# Label smoothing's term, sum_c w_c (lse - y_c), at the same offsets: formed
+# from differences to the row's max, not as W lse - sum w y (two terms of
+# ~1e11 whose difference is the answer: a loss of 14 came back 5 off at 1e6).
+@pytest.mark.parametrize("offset", [1e6, 3e7], ids=["1e6", "3e7"])
+@pytest.mark.parametrize("rows,n", [(300, 16384), (150, 128256), (64, 1000)], ids=str)
+@pytest.mark.parametrize("weighted", [False, True], ids=["unweighted", "weighted"])
+def test_label_smoothing_far_from_zero(offset, rows, n, weighted):
+    x, t, w = make(rows, n, torch.float32, "cpu", seed=rows + n)
+    x, w = x + offset, w if weighted else None
+    ref, xd = torch_reference(x, t, w, label_smoothing=0.1)
+    (dref,) = torch.autograd.grad(ref, [xd])
+    xg = x.clone().requires_grad_()
+    loss = cross_entropy(xg, t, w, label_smoothing=0.1)
+    assert_close(loss, ref, torch.float32, f"offset {offset:g} {rows}x{n} smoothed loss")
+    (dx,) = torch.autograd.grad(loss, [xg])
+    assert_grad_close(dx, dref, torch.float32, f"offset {offset:g} {rows}x{n} smoothed dlogits")
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_shapes_and_layouts(device):
     x, t, w = make(24, 66, torch.float32, device)

@@ -66,9 +66,8 @@
         for (int k = 0; j0 < len; j0++, k++) s[k] += e[j0] = EXPN(y[j0] - base);                                \
     }                                                                                                           \
                                                                                                                 \
-    /* the lanes m of the max of y[j], j < len, and a of sum w[j] y[j] (y[j]                                    \
-     * without a weight) when wy is wanted */                                                                   \
-    static inline void max_wsum_##SUFFIX(const ACC *y, int64_t len, const ACC *w, int want_wy, ACC *m, ACC *a) { \
+    /* the lanes m of the max of y[j], j < len */                                                               \
+    static inline void max_lanes_##SUFFIX(const ACC *y, int64_t len, ACC *m) {                                  \
         int64_t i = 0;                                                                                          \
         for (; i + LANES <= len; i += LANES) {                                                                  \
             /* without the pragma GCC keeps the lanes scalar */                                                 \
@@ -76,22 +75,26 @@
             for (int k = 0; k < LANES; k++) m[k] = y[i + k] > m[k] ? y[i + k] : m[k];                           \
         }                                                                                                       \
         for (int k = 0; i < len; i++, k++) m[k] = y[i] > m[k] ? y[i] : m[k];                                    \
-        if (want_wy) {                                                                                          \
-            if (w) OPSMITH_LANES_ADD(LANES, a, len, j, w[j] * y[j]);                                            \
-            else OPSMITH_LANES_ADD(LANES, a, len, j, y[j]);                                                     \
-        }                                                                                                       \
     }                                                                                                           \
                                                                                                                 \
-    /* the row's shift from the max lanes m, and *wy from the lanes a when wanted */                            \
-    static inline ACC row_base_##SUFFIX(const ACC *m, const ACC *a, ACC *wy) {                                  \
-        ACC mx = -INFINITY, sum_wy = 0;                                                                         \
-        for (int k = 0; k < LANES; k++) mx = m[k] > mx ? m[k] : mx, sum_wy += a[k];                             \
-        if (wy) *wy = sum_wy;                                                                                   \
+    /* the lanes a of sum w[j] (y[j] - base) (no weight: 1), for label smoothing's                              \
+     * sum_c w_c (lse - y_c) = W log(total) - sum_c w_c (y_c - base): differences                               \
+     * from the max, not W lse - sum w y, whose two large terms cancel when the                                 \
+     * logits lie far from zero (a loss of 14 off by 5 at logits ~1e6) */                                       \
+    static inline void wdev_sum_##SUFFIX(const ACC *y, int64_t len, const ACC *w, ACC base, ACC *a) {           \
+        if (w) OPSMITH_LANES_ADD(LANES, a, len, j, w[j] * (y[j] - base));                                       \
+        else OPSMITH_LANES_ADD(LANES, a, len, j, y[j] - base);                                                  \
+    }                                                                                                           \
+                                                                                                                \
+    /* the row's shift from the max lanes m */                                                                  \
+    static inline ACC row_base_##SUFFIX(const ACC *m) {                                                         \
+        ACC mx = -INFINITY;                                                                                     \
+        for (int k = 0; k < LANES; k++) mx = m[k] > mx ? m[k] : mx;                                             \
         return base_of_##SUFFIX(mx);                                                                            \
     }                                                                                                           \
                                                                                                                 \
     /* lse of one row, as base + log(total) with total = sum e^(y - base);                                      \
-     * *wy = sum_c w[c] y[c] when wy is not NULL */                                                             \
+     * *wy = sum_c w[c] (y[c] - base) when wy is not NULL (wdev_sum) */                                         \
     OPSMITH_CPU_CLONES static ACC row_lse_##SUFFIX(int64_t n, const T *x, ACC cap, const ACC *w, ACC *wy,       \
                                                    ACC *base_out, ACC *total_out) {                             \
         const ACC inv_cap = cap > 0 ? (ACC)1 / cap : (ACC)0;                                                    \
@@ -99,15 +102,18 @@
         for (int k = 0; k < LANES; k++) m[k] = -INFINITY, a[k] = 0, s[k] = 0;                                   \
         for (int64_t b0 = 0; b0 < n; b0 += BLOCK) {                                                             \
             const int64_t len = n - b0 < BLOCK ? n - b0 : BLOCK;                                                \
-            max_wsum_##SUFFIX(load_##SUFFIX(x + b0, len, cap, inv_cap, buf), len, w ? w + b0 : NULL, wy != NULL, m, a); \
+            max_lanes_##SUFFIX(load_##SUFFIX(x + b0, len, cap, inv_cap, buf), len, m);                          \
         }                                                                                                       \
-        const ACC base = row_base_##SUFFIX(m, a, wy);                                                           \
+        const ACC base = row_base_##SUFFIX(m);                                                                  \
         for (int64_t b0 = 0; b0 < n; b0 += BLOCK) {                                                             \
             const int64_t len = n - b0 < BLOCK ? n - b0 : BLOCK;                                                \
-            exp_sum_##SUFFIX(load_##SUFFIX(x + b0, len, cap, inv_cap, buf), len, base, e, s);                   \
+            const ACC *y = load_##SUFFIX(x + b0, len, cap, inv_cap, buf);                                       \
+            exp_sum_##SUFFIX(y, len, base, e, s);                                                               \
+            if (wy) wdev_sum_##SUFFIX(y, len, w ? w + b0 : NULL, base, a);                                      \
         }                                                                                                       \
-        ACC total = 0;                                                                                          \
-        for (int k = 0; k < LANES; k++) total += s[k];                                                          \
+        ACC total = 0, sum_wy = 0;                                                                              \
+        for (int k = 0; k < LANES; k++) total += s[k], sum_wy += a[k];                                          \
+        if (wy) *wy = sum_wy;                                                                                   \
         *base_out = base, *total_out = total;                                                                   \
         return base + LOG(total);                                                                               \
     }                                                                                                           \
@@ -159,11 +165,13 @@
         ACC buf[BLOCK], e[BLOCK], m[LANES], a[LANES], s[LANES];                                                 \
         for (int k = 0; k < LANES; k++) m[k] = -INFINITY, a[k] = 0, s[k] = 0;                                   \
         const ACC *y = load_##SUFFIX(x, n, cap, inv_cap, buf);                                                  \
-        max_wsum_##SUFFIX(y, n, w, wy != NULL, m, a);                                                           \
-        const ACC base = row_base_##SUFFIX(m, a, wy);                                                           \
+        max_lanes_##SUFFIX(y, n, m);                                                                            \
+        const ACC base = row_base_##SUFFIX(m);                                                                  \
         exp_sum_##SUFFIX(y, n, base, e, s);                                                                     \
-        ACC total = 0;                                                                                          \
-        for (int k = 0; k < LANES; k++) total += s[k];                                                          \
+        if (wy) wdev_sum_##SUFFIX(y, n, w, base, a);                                                            \
+        ACC total = 0, sum_wy = 0;                                                                              \
+        for (int k = 0; k < LANES; k++) total += s[k], sum_wy += a[k];                                          \
+        if (wy) *wy = sum_wy;                                                                                   \
         const ACC lse = base + LOG(total);                                                                      \
         *base_out = base, *total_out = total;                                                                   \
         if (!d) return lse;                                                                                     \
@@ -239,7 +247,7 @@
             const ACC zl = z * lse * lse;                                                                       \
             /* (base - y_t) + log(total): lse - y_t without lse's rounding (ulp 2 at |y| ~ 3e7 in float) */     \
             ACC l = ((ACC)1 - ls) * wt * ((base - y_t) + LOG(total)) + zl;                                      \
-            if (ls > 0) l += ls_n * (wsum * lse - wy);                                                          \
+            if (ls > 0) l += ls_n * (wsum * LOG(total) - wy); /* sum_c w_c (lse - y_c), wdev_sum */             \
             loss_rows[r] = l;                                                                                   \
             if (z_rows) z_rows[r] = zl;                                                                         \
             if (dl && !small)                                                                                   \
