@@ -148,6 +148,25 @@ OPSMITH_HD_UNROLL
     }
 }
 
+/* N values of T already in registers, in the accumulate type, exactly as
+ * to_acc gives them: by unpack a 16-byte pack at a time where N fills
+ * whole packs (bfloat16's bit moves), else element by element. */
+template <typename T, typename A, int N>
+__host__ __device__ __forceinline__ void unpack_n(const T (&x)[N], A (&v)[N]) {
+    constexpr int per = Pack<T>::VEC;
+    if constexpr (N % per == 0) {
+OPSMITH_HD_UNROLL
+        for (int p = 0; p < N / per; p++) {
+            Pack<T> pk;
+            memcpy(&pk, x + p * per, sizeof pk);
+            unpack(pk, *reinterpret_cast<A(*)[per]>(v + p * per));
+        }
+    } else {
+OPSMITH_HD_UNROLL
+        for (int k = 0; k < N; k++) v[k] = (A)to_acc(x[k]);
+    }
+}
+
 /* The pack of VEC values rounded to T, exactly as from_acc<T> rounds each:
  * 16-bit types a pair per conversion (one F2FP a pair; element by element
  * the compiler converts each alone, then moves bytes to pair them again). */

@@ -112,27 +112,13 @@ template <typename T, int V> __device__ __forceinline__ void store_chunk(T *p, c
     }
 }
 
-/* A chunk's elements in Acc: a 16-byte chunk by common.cuh's unpack (a
- * bfloat16 pair's high member masked, where element by element it took a
- * byte permute and a shift), else element by element. */
-template <typename Acc, typename T, int V> __device__ __forceinline__ void acc_of(const Chunk<T, V> &c, Acc (&v)[V]) {
-    if constexpr (V * sizeof(T) == 16) {
-        Pack<T> p;
-        memcpy(&p, &c, sizeof p);
-        unpack(p, v);
-    } else {
-#pragma unroll
-        for (int k = 0; k < V; k++) v[k] = to_acc(c.v[k]);
-    }
-}
-
 /* One step: V elements of y = act(gate) * up. */
 template <typename T, typename Acc, int A, int V>
 __device__ __forceinline__ void fwd_step(const T *gate, const T *up, T *y) {
     const Chunk<T, V> g = load_chunk<T, V>(gate);
     const Chunk<T, V> u = load_chunk<T, V>(up);
     Acc gv[V], uv[V];
-    acc_of(g, gv), acc_of(u, uv);
+    unpack_n(g.v, gv), unpack_n(u.v, uv);
     Chunk<T, V> out;
 #pragma unroll
     for (int k = 0; k < V; k++) {
@@ -151,7 +137,7 @@ __device__ __forceinline__ void bwd_step(const T *dy, const T *gate, const T *up
     const Chunk<T, V> g = load_chunk<T, V>(gate);
     const Chunk<T, V> u = load_chunk<T, V>(up);
     Acc dv[V], gv[V], uv[V];
-    acc_of(d, dv), acc_of(g, gv), acc_of(u, uv);
+    unpack_n(d.v, dv), unpack_n(g.v, gv), unpack_n(u.v, uv);
     Chunk<T, V> dg, du, hv;
 #pragma unroll
     for (int k = 0; k < V; k++) {

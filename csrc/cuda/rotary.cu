@@ -87,25 +87,6 @@ template <typename U, int N, bool VEC> __device__ __forceinline__ void store_val
     }
 }
 
-/* A Vals' elements in Acc: whole 16-bit packs by common.cuh's unpack (bit
- * moves, one instruction an element; element by element a bfloat16 pair's
- * high member took a byte permute and a shift), anything else by to_acc. */
-template <typename Acc, typename U, int N, bool VEC>
-__device__ __forceinline__ void acc_of(const Vals<U, N, VEC> &x, Acc (&out)[N]) {
-    constexpr int per = (int)(16 / sizeof(U));
-    if constexpr (VEC && sizeof(U) == 2 && N % per == 0) {
-#pragma unroll
-        for (int p = 0; p < N / per; p++) {
-            Pack<U> pk;
-            memcpy(&pk, x.v + p * per, sizeof pk);
-            unpack(pk, *reinterpret_cast<Acc(*)[per]>(out + p * per));
-        }
-    } else {
-#pragma unroll
-        for (int k = 0; k < N; k++) out[k] = to_acc(x.v[k]);
-    }
-}
-
 /* x's elements all NaN where bad, word by word (once an item, on the
  * packed cos/sin: every rotation they enter is then NaN, with no select on
  * each head's outputs). */
@@ -301,10 +282,10 @@ __device__ __forceinline__ void rotate_item(const A &a, const Group<T, A, kHeads
             }
             T *o = grp.out(j);
             Acc u[V], ca[V], sa[V];
-            acc_of(xa[j], u), acc_of(c1, ca), acc_of(s1, sa);
+            unpack_n(xa[j].v, u), unpack_n(c1.v, ca), unpack_n(s1.v, sa);
             if constexpr (HALF) {
                 Acc w[V], cb[V], sb[V];
-                acc_of(xb[j], w), acc_of(c2, cb), acc_of(s2, sb);
+                unpack_n(xb[j].v, w), unpack_n(c2.v, cb), unpack_n(s2.v, sb);
                 Vals<T, V, VEC> oa, ob;
 #pragma unroll
                 for (int k = 0; k < V; k++) {

@@ -1,4 +1,4 @@
-/* The pack conversions of csrc/cuda/common.cuh (unpack, pack_of) against
+/* The pack conversions of csrc/cuda/common.cuh (unpack, unpack_n, pack_of) against
  * the element-wise to_acc / from_acc they replace, bit for bit, run on the
  * host (the helpers are __host__ __device__; nvcc compiles this file, no
  * GPU needed). Every bfloat16 and float16 bit pattern is unpacked; floats
@@ -60,6 +60,29 @@ template <typename T> static void check_unpack_all(const char *name) {
     }
 }
 
+/* unpack_n over N values in registers: whole packs (N = 16, two packs) and
+ * a length that fills none (N = 6, element by element), every pattern */
+template <typename T, int N> static void check_unpack_n(const char *name) {
+    for (uint32_t b = 0; b < 65536; b += N) {
+        T x[N];
+        for (int k = 0; k < N; k++) {
+            const uint16_t u = (uint16_t)(b + k);
+            memcpy(&x[k], &u, 2);
+        }
+        float v[N];
+        unpack_n(x, v);
+        for (int k = 0; k < N; k++) {
+            const float want = to_acc(x[k]);
+            checks++;
+            if (bits(v[k]) != bits(want) && !(isnan(v[k]) && isnan(want))) {
+                if (failures++ < 10)
+                    printf("FAIL unpack_n<%s, %d> 0x%04x: %08x != %08x\n", name, N, (unsigned)(b + k), bits(v[k]),
+                           bits(want));
+            }
+        }
+    }
+}
+
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
 static uint32_t next_u32() {
     rng ^= rng << 13;
@@ -90,6 +113,9 @@ static float f_of(uint32_t u) {
 int main() {
     check_unpack_all<__nv_bfloat16>("bf16");
     check_unpack_all<__half>("f16");
+    check_unpack_n<__nv_bfloat16, 16>("bf16");
+    check_unpack_n<__nv_bfloat16, 6>("bf16");
+    check_unpack_n<__half, 16>("f16");
 
     /* rounding: random mantissas at every exponent, both signs; exact
      * halfway points of both 16-bit formats; and the special values */
