@@ -212,13 +212,15 @@ def test_logits_far_from_zero(device, offset, rows, n):
 
 
 # Label smoothing's term, sum_c w_c (lse - y_c), at the same offsets: formed
-# from differences to the row's max, not as W lse - sum w y (two terms of
-# ~1e11 whose difference is the answer: a loss of 14 came back 5 off at 1e6).
+# from differences to a logit of the row (the CPU: its max; CUDA: its first),
+# not as W lse - sum w y (two terms of ~1e11 whose difference is the answer:
+# a loss of 14 came back 5 off at 1e6).
 @pytest.mark.parametrize("offset", [1e6, 3e7], ids=["1e6", "3e7"])
 @pytest.mark.parametrize("rows,n", [(300, 16384), (150, 128256), (64, 1000)], ids=str)
 @pytest.mark.parametrize("weighted", [False, True], ids=["unweighted", "weighted"])
-def test_label_smoothing_far_from_zero(offset, rows, n, weighted):
-    x, t, w = make(rows, n, torch.float32, "cpu", seed=rows + n)
+@pytest.mark.parametrize("device", DEVICES)
+def test_label_smoothing_far_from_zero(device, offset, rows, n, weighted):
+    x, t, w = make(rows, n, torch.float32, device, seed=rows + n)
     x, w = x + offset, w if weighted else None
     ref, xd = torch_reference(x, t, w, label_smoothing=0.1)
     (dref,) = torch.autograd.grad(ref, [xd])

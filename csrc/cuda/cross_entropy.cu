@@ -64,14 +64,28 @@ prep_kernel(int64_t rows, int64_t n, const int64_t *__restrict__ tg, int64_t ts,
     if (threadIdx.x == 0) dw[0] = d, dw[1] = ww;
 }
 
+/* Label smoothing's reference logit: the row's first (softcapped; 0 where
+ * it is not finite), read by every thread before any write of the row.
+ * Smoothing's term sum_c w_c (lse - y_c) is then W ((m - ref) + log_s) -
+ * sum_c w_c (y_c - ref): differences from a value near the row's, where
+ * W lse - sum w y subtracts two terms of ~1e11 at logits ~1e6 over 128256
+ * classes (the CPU, which forms it from the row's max, came back 4.7 off a
+ * loss of 14 that way). */
+template <typename T, typename A> __device__ __forceinline__ A smooth_ref(const T *xr, const Opts<A> &o) {
+    const A v = capped(to_acc(xr[0]), o);
+    return isfinite(v) ? v : A(0);
+}
+
 /* N logits (a pack, or one element) starting at column c, softcapped, into
- * the row's statistics, and their weighted sum into wy when smoothing */
+ * the row's statistics, and their weighted differences from ref into wy
+ * when smoothing */
 template <typename A, int N>
-__device__ __forceinline__ void add_logits(A (&y)[N], int64_t c, const A *w, bool smooth, RowStat<A> &st, A &wy) {
+__device__ __forceinline__ void add_logits(A (&y)[N], int64_t c, const A *w, bool smooth, A ref, RowStat<A> &st,
+                                           A &wy) {
     st.add(y);
     if (smooth)
 #pragma unroll
-        for (int k = 0; k < N; k++) wy += (w ? w[c + k] : A(1)) * y[k];
+        for (int k = 0; k < N; k++) wy += (w ? w[c + k] : A(1)) * (y[k] - ref);
 }
 
 /* What a row's threads share once its statistics are final: the loss
@@ -98,7 +112,7 @@ template <typename A> struct RowGrad {
 /* The row's loss, z-loss and lse (one thread), and its gradient's
  * constants. y_t: the target's capped logit, read before any write. */
 template <typename A>
-__device__ __forceinline__ RowGrad<A> row_finish(const RowStat<A> &st, A wy, A y_t, int64_t r, int64_t t,
+__device__ __forceinline__ RowGrad<A> row_finish(const RowStat<A> &st, A wy, A ref, A y_t, int64_t r, int64_t t,
                                                  bool ignored, bool bad, const A *w, const Opts<A> &o, int reduction,
                                                  const A *dw, A *loss_rows, A *z_rows, int64_t row_offset,
                                                  A *lse_out, int64_t *error, bool writer) {
@@ -118,7 +132,7 @@ __device__ __forceinline__ RowGrad<A> row_finish(const RowStat<A> &st, A wy, A y
             zl = o.z * lse * lse;
             /* (m - y_t) + log_s: lse - y_t without lse's rounding */
             l = o.one_m_ls * wt * ((nr.m - y_t) + nr.log_s) + zl;
-            if (smooth) l += o.ls_n * (W * lse - wy);
+            if (smooth) l += o.ls_n * (W * ((nr.m - ref) + nr.log_s) - wy); /* sum_c w_c (lse - y_c), smooth_ref */
         }
         loss_rows[r] = l;
         if (z_rows) z_rows[r] = zl;
@@ -148,7 +162,8 @@ __global__ void rows_kernel(int64_t rows, int64_t n, const T *x, int64_t xs, con
     A y_t = 0;
     if (threadIdx.x == 0 && !ignored && !bad) y_t = capped(to_acc(xr[t]), o);
 
-    /* sweep 1: max and exponential sum (and sum w y), a pack at a time */
+    /* sweep 1: max and exponential sum (and sum w (y - ref)), a pack at a time */
+    const A ref = smooth ? smooth_ref(xr, o) : A(0);
     RowStat<A> st;
     A wy = 0;
     if constexpr (PACKED) {
@@ -157,17 +172,17 @@ __global__ void rows_kernel(int64_t rows, int64_t n, const T *x, int64_t xs, con
             unpack(load_pack(xr + i), y);
 #pragma unroll
             for (int k = 0; k < V; k++) y[k] = capped(y[k], o);
-            add_logits(y, i, w, smooth, st, wy);
+            add_logits(y, i, w, smooth, ref, st, wy);
         }
     }
     for (int64_t i = body + threadIdx.x; i < n; i += blockDim.x) {
         const A y = capped(to_acc(xr[i]), o);
         A one[1] = {y};
-        add_logits(one, i, w, smooth, st, wy);
+        add_logits(one, i, w, smooth, ref, st, wy);
     }
     st.block_merge(scratch);
     if (smooth) wy = block_sum(wy, scratch);
-    const RowGrad<A> grad = row_finish(st, wy, y_t, r, t, ignored, bad, w, o, reduction, dw, loss_rows, z_rows,
+    const RowGrad<A> grad = row_finish(st, wy, ref, y_t, r, t, ignored, bad, w, o, reduction, dw, loss_rows, z_rows,
                                        row_offset, lse_out, error, threadIdx.x == 0);
     if (!dl) return;
 
@@ -248,6 +263,8 @@ rows_ring_kernel(int64_t rows, int64_t n, const T *x, int64_t xs, const int64_t 
             }
         }
 
+        /* the row's first logit from global memory: no CTA writes the row before every CTA's partials are gathered */
+        const A ref = !PLAIN && smooth ? smooth_ref(xr, o) : A(0);
         RowStat<A> st;
         A wy = 0;
         c.each([&](int i) {
@@ -258,12 +275,12 @@ rows_ring_kernel(int64_t rows, int64_t n, const T *x, int64_t xs, const int64_t 
             } else {
 #pragma unroll
                 for (int k = 0; k < V; k++) y[k] = capped(y[k], o);
-                add_logits(y, (int64_t)(c.p0 + i) * V, w, smooth, st, wy);
+                add_logits(y, (int64_t)(c.p0 + i) * V, w, smooth, ref, st, wy);
             }
         });
         if (tail) {
             A one[1] = {y_tail};
-            add_logits(one, ti, w, smooth, st, wy);
+            add_logits(one, ti, w, smooth, ref, st, wy);
         }
         st.block_merge(scratch); /* its block barriers also publish yt[par] */
         if (smooth) wy = block_sum(wy, scratch);
@@ -281,7 +298,7 @@ rows_ring_kernel(int64_t rows, int64_t n, const T *x, int64_t xs, const int64_t 
         }
         const bool writer = threadIdx.x == 0 && rank == owner();
         const A y_t = writer && has_t ? yt[par] : A(0);
-        const RowGrad<A> grad = row_finish(st, wy, y_t, r, t, ignored, bad, w, o, reduction, dw, loss_rows,
+        const RowGrad<A> grad = row_finish(st, wy, ref, y_t, r, t, ignored, bad, w, o, reduction, dw, loss_rows,
                                            z_rows, row_offset, lse_out, error, writer);
         if (!dl) return;
         T *d = dl + r * dls;
