@@ -5,13 +5,17 @@
  *   per chunk of c tokens (logits buffer L: (c, vocab), in the workspace):
  *     L  = h_c W^T (+ bias: L filled with it first, the product added, beta 1)
  *     cross_entropy's rows pass: per-row losses, dL written over L (the
- *         gradient of the reduced loss: 1 / denom for MEAN applied here)
- *     dh_c = dL W                   (cuBLASLt, written into dhidden)
- *     dW  += dL^T h_c               (cuBLASLt, beta 1 after the first chunk:
+ *         gradient of the summed loss: MEAN's 1 / denom is left to the
+ *         products' alpha, so that in float16 dL holds p - onehot rather
+ *         than (p - onehot) / denom, whose p / denom underflows: at 300
+ *         tokens over 128256 classes most of it flushed to zero and dhidden
+ *         came back 0.7% off)
+ *     dh_c = alpha dL W             (cuBLASLt, written into dhidden)
+ *     dW  += alpha dL^T h_c         (cuBLASLt, beta 1 after the first chunk:
  *         into a float32 buffer when fp32_dweight, else into dweight itself
  *         with float32 arithmetic inside each product)
  *     db  += column sums of dL      (float accumulator, one thread a column:
- *         a fixed order, deterministic)
+ *         a fixed order, deterministic; alpha applied as it is narrowed)
  *   finish: the reduced loss and z-loss.
  * Nothing waits on the host; cuBLASLt runs on the stream it is given with
  * the workspace it is given (graph capture holds). One cuBLASLt handle per
@@ -98,6 +102,9 @@ struct Gemm {
     int64_t ldc;
     cudaDataType_t ctype;
     bool accumulate; /* beta = 1 */
+    /* NULL: alpha 1 from the host; else {alpha, 0, 1} in the scale type on
+     * the device (the reduction's scale, known only there) */
+    const void *device_scales = nullptr;
 };
 
 /* Owns cuBLASLt's descriptors for one call (released on every path). */
@@ -118,6 +125,11 @@ opsmith_status matmul(cublasLtHandle_t h, const LtTypes &t, const Gemm &g, void 
                       cudaStream_t stream) {
     LtCall c;
     LT_CHECK(cublasLtMatmulDescCreate(&c.desc, t.compute, t.scale), "cublasLtMatmulDescCreate");
+    if (g.device_scales) {
+        const int32_t mode = CUBLASLT_POINTER_MODE_DEVICE;
+        LT_CHECK(cublasLtMatmulDescSetAttribute(c.desc, CUBLASLT_MATMUL_DESC_POINTER_MODE, &mode, sizeof mode),
+                 "set POINTER_MODE");
+    }
     const int32_t ta = g.ta, tb = g.tb;
     LT_CHECK(cublasLtMatmulDescSetAttribute(c.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), "set TRANSA");
     LT_CHECK(cublasLtMatmulDescSetAttribute(c.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), "set TRANSB");
@@ -149,8 +161,14 @@ opsmith_status matmul(cublasLtHandle_t h, const LtTypes &t, const Gemm &g, void 
     const double one = 1.0, beta64 = g.accumulate ? 1.0 : 0.0;
     const float onef = 1.0f, betaf = g.accumulate ? 1.0f : 0.0f;
     const bool dbl = t.scale == CUDA_R_64F;
-    LT_CHECK(cublasLtMatmul(h, c.desc, dbl ? (const void *)&one : (const void *)&onef, g.a, c.la, g.b, c.lb,
-                            dbl ? (const void *)&beta64 : (const void *)&betaf, g.c, c.lc, g.c, c.lc, &result.algo, ws,
+    const void *alpha = dbl ? (const void *)&one : (const void *)&onef;
+    const void *beta = dbl ? (const void *)&beta64 : (const void *)&betaf;
+    if (g.device_scales) {
+        const char *d = static_cast<const char *>(g.device_scales);
+        const size_t e = dbl ? sizeof(double) : sizeof(float);
+        alpha = d, beta = d + (g.accumulate ? 2 : 1) * e;
+    }
+    LT_CHECK(cublasLtMatmul(h, c.desc, alpha, g.a, c.la, g.b, c.lb, beta, g.c, c.lc, g.c, c.lc, &result.algo, ws,
                             ws_bytes, stream),
              "cublasLtMatmul");
     return OPSMITH_STATUS_SUCCESS;
@@ -174,11 +192,22 @@ __global__ void colsum_kernel(int64_t c, int64_t vocab, const T *__restrict__ L,
     db[v] += s;
 }
 
-/* out[i] = T(in[i]), through the accumulate type A */
+/* out[i] = T(in[i] * scale[0]) (scale NULL: 1), through the accumulate type A */
 template <typename S, typename T, typename A>
-__global__ void narrow_kernel(int64_t n, const S *__restrict__ in, T *__restrict__ out) {
+__global__ void narrow_kernel(int64_t n, const S *__restrict__ in, const A *__restrict__ scale, T *__restrict__ out) {
+    const A k = scale ? scale[0] : A(1);
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-        out[i] = from_acc<T>((A)in[i]);
+        out[i] = from_acc<T>((A)in[i] * k);
+}
+
+/* dw[2..4] = {alpha, 0, 1} for the products after cross_entropy's rows:
+ * MEAN's 1 / denom (0 when every target is ignored: dL is all zeros then,
+ * and 1 / 0 would make them NaN), SUM's 1 */
+template <typename A> __global__ void product_scales_kernel(int red, A *dw) {
+    const A d = dw[0];
+    dw[2] = red == OPSMITH_CROSS_ENTROPY_REDUCTION_MEAN ? (d > A(0) ? A(1) / d : A(0)) : A(1);
+    dw[3] = A(0);
+    dw[4] = A(1);
 }
 
 unsigned grid_for(int64_t n, int threads) {
@@ -211,6 +240,9 @@ opsmith_status run(int64_t rows, int64_t dim, int64_t vocab, const void *hidden,
 
     st = opsmith_internal_cross_entropy_prep_cuda(dtype, rows, vocab, target, ts, nullptr, ignore, dw, stream);
     if (st != OPSMITH_STATUS_SUCCESS) return st;
+    const A *scales = static_cast<const A *>(dw) + 2;
+    product_scales_kernel<A><<<1, 1, 0, stream>>>(red, static_cast<A *>(dw));
+    if ((st = launch_status()) != OPSMITH_STATUS_SUCCESS) return st;
     if (dbias && cudaMemsetAsync(db, 0, sizeof(A) * (size_t)vocab, stream) != cudaSuccess) return launch_status();
     if (dweight && rows == 0 &&
         cudaMemsetAsync(dweight, 0, size * (size_t)vocab * (size_t)dim, stream) != cudaSuccess)
@@ -228,14 +260,16 @@ opsmith_status run(int64_t rows, int64_t dim, int64_t vocab, const void *hidden,
                     lt_ws, lt_bytes, stream);
         if (st != OPSMITH_STATUS_SUCCESS) return st;
         st = opsmith_internal_cross_entropy_rows_cuda(dtype, c, vocab, L, vocab, target + r0 * ts, ts, nullptr, ignore,
-                                                      ls, z, cap, red, dw, static_cast<A *>(loss_rows) + r0,
+                                                      ls, z, cap, OPSMITH_CROSS_ENTROPY_REDUCTION_SUM, dw,
+                                                      static_cast<A *>(loss_rows) + r0,
                                                       static_cast<A *>(z_rows) + r0, grads ? L : nullptr, vocab, error,
                                                       r0, stream);
         if (st != OPSMITH_STATUS_SUCCESS) return st;
         if (dhidden) {
             /* dh_c^T (dim x c) = W^T (dim x vocab, stored so) . dL^T (vocab x c, stored so) */
             void *dh = static_cast<char *>(dhidden) + (size_t)(r0 * dim) * size;
-            st = matmul(h, lt, Gemm{CUBLAS_OP_N, CUBLAS_OP_N, dim, c, vocab, weight, dim, L, vocab, dh, dim, lt.ab, false},
+            st = matmul(h, lt,
+                        Gemm{CUBLAS_OP_N, CUBLAS_OP_N, dim, c, vocab, weight, dim, L, vocab, dh, dim, lt.ab, false, scales},
                         lt_ws, lt_bytes, stream);
             if (st != OPSMITH_STATUS_SUCCESS) return st;
         }
@@ -243,7 +277,7 @@ opsmith_status run(int64_t rows, int64_t dim, int64_t vocab, const void *hidden,
             /* dW^T (dim x vocab) += h_c^T (dim x c, stored so) . dL (c x vocab; stored vocab x c) */
             st = matmul(h, lt,
                         Gemm{CUBLAS_OP_N, CUBLAS_OP_T, dim, vocab, c, hc, hs, L, vocab, dw_acc, dim,
-                             dw32 ? CUDA_R_32F : lt.ab, r0 > 0},
+                             dw32 ? CUDA_R_32F : lt.ab, r0 > 0, scales},
                         lt_ws, lt_bytes, stream);
             if (st != OPSMITH_STATUS_SUCCESS) return st;
         }
@@ -259,11 +293,11 @@ opsmith_status run(int64_t rows, int64_t dim, int64_t vocab, const void *hidden,
     if (dw32 && rows > 0) {
         const int64_t n = vocab * dim;
         narrow_kernel<float, T, A><<<grid_for(n, 256), 256, 0, stream>>>(n, static_cast<const float *>(dw_acc),
-                                                                     static_cast<T *>(dweight));
+                                                                     nullptr, static_cast<T *>(dweight));
         if ((st = launch_status()) != OPSMITH_STATUS_SUCCESS) return st;
     }
     if (dbias) {
-        narrow_kernel<A, T, A><<<grid_for(vocab, 256), 256, 0, stream>>>(vocab, db, static_cast<T *>(dbias));
+        narrow_kernel<A, T, A><<<grid_for(vocab, 256), 256, 0, stream>>>(vocab, db, scales, static_cast<T *>(dbias));
         if ((st = launch_status()) != OPSMITH_STATUS_SUCCESS) return st;
     }
     return OPSMITH_STATUS_SUCCESS;

@@ -31,7 +31,7 @@ opsmith_flce_layout opsmith_internal_flce_layout(opsmith_dtype dtype, int64_t ro
     if (cuda) {
         TAKE(loss_rows, R * acc);
         TAKE(z_rows, R * acc);
-        TAKE(denom_wsum, 2 * acc);
+        TAKE(denom_wsum, 5 * acc); /* denom, wsum; the products' alpha, 0, 1 */
         TAKE(logits, C * V * size);
         if (fp32_dweight && narrow) TAKE(dweight32, V * D * 4);
         TAKE(dbias, V * acc);
