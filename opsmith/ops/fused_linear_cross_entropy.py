@@ -85,7 +85,12 @@ def fused_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targe
     bitwise-repeatable gradients on a device whose free memory varies).
     Out-of-range targets: IndexError on the CPU; on CUDA a NaN loss and a
     device-side flag, raised (one host synchronisation) with
-    ``validate=True``."""
+    ``validate=True``. The gradients are computed in the forward for an
+    incoming gradient of 1, stored in the inputs' dtype, and scaled in the
+    backward: under float16 with a loss scaler (``torch.amp.GradScaler``),
+    gradient elements below float16's normal range (6.1e-5; a mean's over
+    thousands of tokens can be) keep fewer bits than the unfused path, which
+    rounds them after the scale. bfloat16 has no such floor."""
     red = _reduction(reduction)
     cap = _softcap(softcap)
     chunk = _chunk(chunk_size)
