@@ -5,11 +5,13 @@
  *   per chunk of c tokens (logits buffer L: (c, vocab), in the workspace):
  *     L  = h_c W^T (+ bias: L filled with it first, the product added, beta 1)
  *     cross_entropy's rows pass: per-row losses, dL written over L (the
- *         gradient of the summed loss: MEAN's 1 / denom is left to the
- *         products' alpha, so that in float16 dL holds p - onehot rather
- *         than (p - onehot) / denom, whose p / denom underflows: at 300
- *         tokens over 128256 classes most of it flushed to zero and dhidden
- *         came back 3% of its largest element off)
+ *         gradient of the reduced loss; in float16 that of the summed loss,
+ *         MEAN's 1 / denom left to the products' alpha, so that dL holds
+ *         p - onehot rather than (p - onehot) / denom, whose p / denom
+ *         underflows: at 300 tokens over 128256 classes most of it flushed
+ *         to zero and dhidden came back 3% of its largest element off;
+ *         the other dtypes have float32's range or more and keep the scale
+ *         in dL, their products' alpha 1 from the host)
  *     dh_c = alpha dL W             (cuBLASLt, written into dhidden)
  *     dW  += alpha dL^T h_c         (cuBLASLt, beta 1 after the first chunk:
  *         into a float32 buffer when fp32_dweight, else into dweight itself
@@ -240,9 +242,14 @@ opsmith_status run(int64_t rows, int64_t dim, int64_t vocab, const void *hidden,
 
     st = opsmith_internal_cross_entropy_prep_cuda(dtype, rows, vocab, target, ts, nullptr, ignore, dw, stream);
     if (st != OPSMITH_STATUS_SUCCESS) return st;
-    const A *scales = static_cast<const A *>(dw) + 2;
-    product_scales_kernel<A><<<1, 1, 0, stream>>>(red, static_cast<A *>(dw));
-    if ((st = launch_status()) != OPSMITH_STATUS_SUCCESS) return st;
+    /* float16 only: p / denom underflows there (the header) */
+    const bool scale_in_products = DT == OPSMITH_DTYPE_F16;
+    const A *scales = scale_in_products ? static_cast<const A *>(dw) + 2 : nullptr;
+    const int rows_red = scale_in_products ? (int)OPSMITH_CROSS_ENTROPY_REDUCTION_SUM : red;
+    if (scale_in_products) {
+        product_scales_kernel<A><<<1, 1, 0, stream>>>(red, static_cast<A *>(dw));
+        if ((st = launch_status()) != OPSMITH_STATUS_SUCCESS) return st;
+    }
     if (dbias && cudaMemsetAsync(db, 0, sizeof(A) * (size_t)vocab, stream) != cudaSuccess) return launch_status();
     if (dweight && rows == 0 &&
         cudaMemsetAsync(dweight, 0, size * (size_t)vocab * (size_t)dim, stream) != cudaSuccess)
@@ -260,8 +267,7 @@ opsmith_status run(int64_t rows, int64_t dim, int64_t vocab, const void *hidden,
                     lt_ws, lt_bytes, stream);
         if (st != OPSMITH_STATUS_SUCCESS) return st;
         st = opsmith_internal_cross_entropy_rows_cuda(dtype, c, vocab, L, vocab, target + r0 * ts, ts, nullptr, ignore,
-                                                      ls, z, cap, OPSMITH_CROSS_ENTROPY_REDUCTION_SUM, dw,
-                                                      static_cast<A *>(loss_rows) + r0,
+                                                      ls, z, cap, rows_red, dw, static_cast<A *>(loss_rows) + r0,
                                                       static_cast<A *>(z_rows) + r0, grads ? L : nullptr, vocab, error,
                                                       r0, stream);
         if (st != OPSMITH_STATUS_SUCCESS) return st;

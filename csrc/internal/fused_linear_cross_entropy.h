@@ -13,8 +13,8 @@ extern "C" {
 #define OPSMITH_FLCE_CUBLASLT_WORKSPACE ((size_t)32 << 20)
 
 /* Byte offsets into the workspace (each 256-byte aligned); 0 size = absent.
- * CUDA: loss_rows, z_rows (rows, A), denom_wsum (denom, wsum, then the
- *       gradient products' alpha, 0, 1; A), logits (chunk,
+ * CUDA: loss_rows, z_rows (rows, A), denom_wsum (denom, wsum, then for
+ *       float16 the gradient products' alpha, 0, 1; A), logits (chunk,
  *       vocab; dtype), dweight32 (vocab, dim; float, fp32_dweight on 16-bit),
  *       dbias (vocab, A), lt (cuBLASLt's).
  * CPU:  logits, ce (cross_entropy's workspace for a chunk), wf (weight in A,
