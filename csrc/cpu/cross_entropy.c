@@ -93,6 +93,14 @@
         return base_of_##SUFFIX(mx);                                                                            \
     }                                                                                                           \
                                                                                                                 \
+    /* the exponential sum from its lanes s; *wy from the lanes a when wanted */                                \
+    static inline ACC row_total_##SUFFIX(const ACC *s, const ACC *a, ACC *wy) {                                 \
+        ACC total = 0, sum_wy = 0;                                                                              \
+        for (int k = 0; k < LANES; k++) total += s[k], sum_wy += a[k];                                          \
+        if (wy) *wy = sum_wy;                                                                                   \
+        return total;                                                                                           \
+    }                                                                                                           \
+                                                                                                                \
     /* lse of one row, as base + log(total) with total = sum e^(y - base);                                      \
      * *wy = sum_c w[c] (y[c] - base) when wy is not NULL (wdev_sum) */                                         \
     OPSMITH_CPU_CLONES static ACC row_lse_##SUFFIX(int64_t n, const T *x, ACC cap, const ACC *w, ACC *wy,       \
@@ -111,9 +119,7 @@
             exp_sum_##SUFFIX(y, len, base, e, s);                                                               \
             if (wy) wdev_sum_##SUFFIX(y, len, w ? w + b0 : NULL, base, a);                                      \
         }                                                                                                       \
-        ACC total = 0, sum_wy = 0;                                                                              \
-        for (int k = 0; k < LANES; k++) total += s[k], sum_wy += a[k];                                          \
-        if (wy) *wy = sum_wy;                                                                                   \
+        const ACC total = row_total_##SUFFIX(s, a, wy);                                                         \
         *base_out = base, *total_out = total;                                                                   \
         return base + LOG(total);                                                                               \
     }                                                                                                           \
@@ -169,9 +175,7 @@
         const ACC base = row_base_##SUFFIX(m);                                                                  \
         exp_sum_##SUFFIX(y, n, base, e, s);                                                                     \
         if (wy) wdev_sum_##SUFFIX(y, n, w, base, a);                                                            \
-        ACC total = 0, sum_wy = 0;                                                                              \
-        for (int k = 0; k < LANES; k++) total += s[k], sum_wy += a[k];                                          \
-        if (wy) *wy = sum_wy;                                                                                   \
+        const ACC total = row_total_##SUFFIX(s, a, wy);                                                         \
         const ACC lse = base + LOG(total);                                                                      \
         *base_out = base, *total_out = total;                                                                   \
         if (!d) return lse;                                                                                     \
