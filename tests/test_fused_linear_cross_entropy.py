@@ -422,6 +422,52 @@ def test_float16_mean_over_many_tokens(device):
     check_call(h, w, None, t, torch.float16, f"float16 {n}x{d}x{v} mean on {device}")
 
 
+def _rel_err(got, want):
+    """|got - want| / |want| in norm, and how many elements came back zero where want is not"""
+    got, want = got.detach().double().cpu(), want.detach().double().cpu()
+    return ((got - want).norm() / want.norm()).item(), int(((got == 0) & (want != 0)).sum())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("route", ["b", "a"])
+def test_float16_under_a_loss_scale(device, route):
+    # GradScaler's 65536 times a mean over 2048 tokens: the gradients of an incoming gradient of 1
+    # have elements under float16's normal range (6.1e-5), so they must not be rounded to float16
+    # before the scale. The unfused path (float16 linear, float32 cross-entropy) rounds after it;
+    # opsmith's gradients must be as close to float64 as that path's and have no more zeros (rounded
+    # before the scale, as they were, they come back 1.2x its error with 37 and 552 zeros here).
+    n, d, v, scale = 2048, 64, 8192, 65536.0
+    h, w, _, t = make(n, d, v, torch.float16, device, bias=False, ignore_frac=0.0, seed=5)
+    fn = fused_linear_cross_entropy if route == "b" else fused_linear_cross_entropy_pybind
+    hg, wg = h.clone().requires_grad_(), w.clone().requires_grad_()
+    (fn(hg, wg, t) * scale).backward()
+    assert hg.grad.dtype == wg.grad.dtype == torch.float16
+    hu, wu = h.clone().requires_grad_(), w.clone().requires_grad_()
+    (F.cross_entropy(F.linear(hu, wu).float(), t) * scale).backward()
+    hd, wd = leaves64(h, w)
+    reference(hd, wd, None, t).backward()
+    for name, ours, unfused, want in (("dhidden", hg, hu, hd), ("dweight", wg, wu, wd)):
+        err, zeros = _rel_err(ours.grad.double() / scale, want.grad)
+        err_u, zeros_u = _rel_err(unfused.grad.double() / scale, want.grad)
+        assert err <= 1.1 * err_u, f"{name}: relative error {err:.3e}, the unfused path's {err_u:.3e}"
+        assert zeros <= zeros_u, f"{name}: {zeros} elements zero (the unfused path: {zeros_u})"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_float16_gradients_come_back_in_float32(device):
+    # the raw op's float16 gradients are float32 (scaled by the backward, rounded by autograd);
+    # its fake kernel says the same, so torch.compile plans the same dtypes
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    op = torch.ops.opsmith.fused_linear_cross_entropy_fwd.default
+    for dtype, gd in ((torch.float16, torch.float32), (torch.bfloat16, torch.bfloat16), (torch.float32, torch.float32)):
+        h, w, b, t = make(9, 8, 20, dtype, device)
+        out = op(h, w, t, b, -100, 0.0, 0.0, 0.0, 2, 0, True, True, True)
+        assert [x.dtype for x in out[2:5]] == [gd] * 3, f"{dtype}: {[x.dtype for x in out[2:5]]}"
+        with FakeTensorMode() as mode:
+            fake = op(*(mode.from_tensor(x) for x in (h, w, t, b)), -100, 0.0, 0.0, 0.0, 2, 0, True, True, True)
+        assert [(x.dtype, x.shape) for x in fake[2:5]] == [(x.dtype, x.shape) for x in out[2:5]], str(dtype)
+
+
 @CUDA
 def test_cuda_memory_stays_in_budget():
     # the whole bf16 logits would be 256 MiB: the call takes a chunk of them (32 MiB here), cuBLASLt's

@@ -8,7 +8,7 @@
  * widened by the GEMM as it packs them (bf16 pairs multiplied directly on
  * AVX512-BF16 CPUs): no widened copies; products and accumulators in the
  * accumulate type (float; double for f64). The mean's scale is applied when
- * the gradients are stored. Formulas in include/opsmith/fused_linear_cross_entropy.h. */
+ * the gradients are stored, in dtype or (OPSMITH_FLCE_GRADS_FLOAT32) float32. Formulas in include/opsmith/fused_linear_cross_entropy.h. */
 #include <math.h>
 #include <string.h>
 
@@ -63,11 +63,11 @@ static void narrow_d(opsmith_dtype dtype, const double *src, int64_t n, double s
         GEMM(c, vocab, dim, a, b, &o, threads);                                                                   \
     }                                                                                                             \
                                                                                                                   \
-    /* dhidden rows = scale * (dl w) */                                                                           \
+    /* dhidden rows (of dh_dtype) = scale * (dl w) */                                                             \
     static void dhidden_##S(opsmith_dtype dtype, int64_t c, int64_t dim, int64_t vocab, const void *dl,           \
-                            const void *w, ACC scale, void *dhidden, int threads) {                               \
+                            const void *w, ACC scale, void *dhidden, opsmith_dtype dh_dtype, int threads) {       \
         const opsmith_gemm_operand a = {dl, dtype, vocab, 1}, b = {w, dtype, dim, 1};                             \
-        const opsmith_gemm_out o = {dhidden, dtype, dim, (double)scale, NULL, dtype, 0};                          \
+        const opsmith_gemm_out o = {dhidden, dh_dtype, dim, (double)scale, NULL, dh_dtype, 0};                    \
         GEMM(c, dim, vocab, a, b, &o, threads);                                                                   \
     }                                                                                                             \
                                                                                                                   \
@@ -104,10 +104,12 @@ DEFINE_FLCE(d, double, OPSMITH_DTYPE_F64, opsmith_cpu_gemm_f64)
 #define RUN_FLCE(S, ACC)                                                                                          \
     do {                                                                                                          \
         /* dweight itself accumulates when it holds ACC or there is one chunk (the mean's scale applied to each  \
-         * chunk's sum); else the ACC accumulator, narrowed with the scale at the end */                          \
-        const int dw_direct = opsmith_dtype_size(dtype) == sizeof(ACC) || chunk >= rows;                          \
+         * chunk's sum); else the ACC accumulator, narrowed with the scale at the end. gd: the gradients' dtype */ \
+        const opsmith_dtype gd = opsmith_internal_flce_grad_dtype(dtype, fp32_dweight);                           \
+        const size_t gsize = opsmith_dtype_size(gd);                                                              \
+        const int dw_direct = gsize == sizeof(ACC) || chunk >= rows;                                              \
         void *dw = !dweight ? NULL : dw_direct ? dweight : (void *)(ws + l.dweight);                              \
-        const opsmith_dtype dw_dtype = dw_direct ? dtype : ACC_DTYPE_##S;                                         \
+        const opsmith_dtype dw_dtype = dw_direct ? gd : ACC_DTYPE_##S;                                            \
         ACC *db = dbias ? (ACC *)(ws + l.dbias) : NULL;                                                           \
         if (db) memset(db, 0, sizeof(ACC) * (size_t)vocab);                                                       \
         ACC total = 0, z_total = 0;                                                                               \
@@ -127,8 +129,8 @@ DEFINE_FLCE(d, double, OPSMITH_DTYPE_F64, opsmith_cpu_gemm_f64)
             const ACC *z_rows = (const ACC *)opsmith_internal_cross_entropy_z_rows(ws + l.ce, c, z_loss, sizeof(ACC)); \
             for (int64_t i = 0; i < c; i++) total += per_row[i], z_total += z_rows ? z_rows[i] : (ACC)0;          \
             if (dhidden)                                                                                          \
-                dhidden_##S(dtype, c, dim, vocab, logits, weight, scale, (char *)dhidden + (size_t)r0 * dim * size, \
-                            threads);                                                                             \
+                dhidden_##S(dtype, c, dim, vocab, logits, weight, scale, (char *)dhidden + (size_t)r0 * dim * gsize, \
+                            gd, threads);                                                                         \
             if (dw || db)                                                                                         \
                 dweight_##S(dtype, c, dim, vocab, logits, h, hrs, dw, dw_dtype, dw_direct ? scale : (ACC)1, r0 > 0,  \
                             db, threads);                                                                         \
@@ -136,9 +138,9 @@ DEFINE_FLCE(d, double, OPSMITH_DTYPE_F64, opsmith_cpu_gemm_f64)
         const ACC d = red == OPSMITH_CROSS_ENTROPY_REDUCTION_MEAN ? (ACC)denom : (ACC)1;                          \
         *(ACC *)loss = total / d;                                                                                 \
         if (z_out) *(ACC *)z_out = z_total / d;                                                                   \
-        if (dw && !dw_direct) narrow_##S(dtype, (const ACC *)dw, vocab * dim, scale, dweight);                    \
-        if (dw && rows == 0) memset(dweight, 0, size * (size_t)vocab * (size_t)dim);                              \
-        if (db) narrow_##S(dtype, db, vocab, scale, dbias);                                                       \
+        if (dw && !dw_direct) narrow_##S(gd, (const ACC *)dw, vocab * dim, scale, dweight);                       \
+        if (dw && rows == 0) memset(dweight, 0, gsize * (size_t)vocab * (size_t)dim);                             \
+        if (db) narrow_##S(gd, db, vocab, scale, dbias);                                                          \
     } while (0)
 
 opsmith_status opsmith_fused_linear_cross_entropy_fwd_cpu(

@@ -14,8 +14,9 @@
  *         in dL, their products' alpha 1 from the host)
  *     dh_c = alpha dL W             (cuBLASLt, written into dhidden)
  *     dW  += alpha dL^T h_c         (cuBLASLt, beta 1 after the first chunk:
- *         into a float32 buffer when fp32_dweight, else into dweight itself
- *         with float32 arithmetic inside each product)
+ *         into a float32 buffer under OPSMITH_FLCE_DWEIGHT_ACC_FLOAT32, else
+ *         into dweight itself with float32 arithmetic inside each product;
+ *         OPSMITH_FLCE_GRADS_FLOAT32: dhidden, dweight and dbias float32)
  *     db  += column sums of dL      (float accumulator, one thread a column:
  *         a fixed order, deterministic; alpha applied as it is narrowed)
  *   finish: the reduced loss and z-loss.
@@ -235,10 +236,15 @@ opsmith_status run(int64_t rows, int64_t dim, int64_t vocab, const void *hidden,
     void *loss_rows = ws + l.loss_rows, *z_rows = ws + l.z_rows, *dw = ws + l.denom_wsum;
     T *L = reinterpret_cast<T *>(ws + l.logits);
     const bool grads = dhidden || dweight || dbias;
-    const bool dw32 = fp32_dweight && sizeof(T) == 2 && dweight;
+    /* the gradients in float32 (16-bit dtypes, OPSMITH_FLCE_GRADS_FLOAT32):
+     * the products write float32 (cuBLASLt's 16-bit A and B, float32 C),
+     * dweight accumulating in place, as dweight32 does */
+    const bool g32 = fp32_dweight == OPSMITH_FLCE_GRADS_FLOAT32 && sizeof(T) == 2;
+    const bool dw32 = fp32_dweight == OPSMITH_FLCE_DWEIGHT_ACC_FLOAT32 && sizeof(T) == 2 && dweight;
     void *dw_acc = dw32 ? (void *)(ws + l.dweight32) : dweight;
     A *db = reinterpret_cast<A *>(ws + l.dbias);
-    const size_t size = sizeof(T);
+    const size_t size = sizeof(T), gsize = g32 ? sizeof(float) : size;
+    const cudaDataType_t gtype = g32 ? CUDA_R_32F : lt.ab;
 
     st = opsmith_internal_cross_entropy_prep_cuda(dtype, rows, vocab, target, ts, nullptr, ignore, dw, stream);
     if (st != OPSMITH_STATUS_SUCCESS) return st;
@@ -252,7 +258,7 @@ opsmith_status run(int64_t rows, int64_t dim, int64_t vocab, const void *hidden,
     }
     if (dbias && cudaMemsetAsync(db, 0, sizeof(A) * (size_t)vocab, stream) != cudaSuccess) return launch_status();
     if (dweight && rows == 0 &&
-        cudaMemsetAsync(dweight, 0, size * (size_t)vocab * (size_t)dim, stream) != cudaSuccess)
+        cudaMemsetAsync(dweight, 0, gsize * (size_t)vocab * (size_t)dim, stream) != cudaSuccess)
         return launch_status();
 
     for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
@@ -273,9 +279,9 @@ opsmith_status run(int64_t rows, int64_t dim, int64_t vocab, const void *hidden,
         if (st != OPSMITH_STATUS_SUCCESS) return st;
         if (dhidden) {
             /* dh_c^T (dim x c) = W^T (dim x vocab, stored so) . dL^T (vocab x c, stored so) */
-            void *dh = static_cast<char *>(dhidden) + (size_t)(r0 * dim) * size;
+            void *dh = static_cast<char *>(dhidden) + (size_t)(r0 * dim) * gsize;
             st = matmul(h, lt,
-                        Gemm{CUBLAS_OP_N, CUBLAS_OP_N, dim, c, vocab, weight, dim, L, vocab, dh, dim, lt.ab, false, scales},
+                        Gemm{CUBLAS_OP_N, CUBLAS_OP_N, dim, c, vocab, weight, dim, L, vocab, dh, dim, gtype, false, scales},
                         lt_ws, lt_bytes, stream);
             if (st != OPSMITH_STATUS_SUCCESS) return st;
         }
@@ -283,7 +289,7 @@ opsmith_status run(int64_t rows, int64_t dim, int64_t vocab, const void *hidden,
             /* dW^T (dim x vocab) += h_c^T (dim x c, stored so) . dL (c x vocab; stored vocab x c) */
             st = matmul(h, lt,
                         Gemm{CUBLAS_OP_N, CUBLAS_OP_T, dim, vocab, c, hc, hs, L, vocab, dw_acc, dim,
-                             dw32 ? CUDA_R_32F : lt.ab, r0 > 0, scales},
+                             dw32 ? CUDA_R_32F : gtype, r0 > 0, scales},
                         lt_ws, lt_bytes, stream);
             if (st != OPSMITH_STATUS_SUCCESS) return st;
         }
@@ -303,7 +309,11 @@ opsmith_status run(int64_t rows, int64_t dim, int64_t vocab, const void *hidden,
         if ((st = launch_status()) != OPSMITH_STATUS_SUCCESS) return st;
     }
     if (dbias) {
-        narrow_kernel<A, T, A><<<grid_for(vocab, 256), 256, 0, stream>>>(vocab, db, scales, static_cast<T *>(dbias));
+        if (g32)
+            narrow_kernel<A, float, A><<<grid_for(vocab, 256), 256, 0, stream>>>(vocab, db, scales,
+                                                                               static_cast<float *>(dbias));
+        else
+            narrow_kernel<A, T, A><<<grid_for(vocab, 256), 256, 0, stream>>>(vocab, db, scales, static_cast<T *>(dbias));
         if ((st = launch_status()) != OPSMITH_STATUS_SUCCESS) return st;
     }
     return OPSMITH_STATUS_SUCCESS;

@@ -16,6 +16,10 @@ int64_t opsmith_fused_linear_cross_entropy_chunk_rows(opsmith_dtype dtype, int64
     return c < 1 ? 1 : c;
 }
 
+opsmith_dtype opsmith_internal_flce_grad_dtype(opsmith_dtype dtype, int fp32_dweight) {
+    return fp32_dweight == OPSMITH_FLCE_GRADS_FLOAT32 && opsmith_dtype_size(dtype) == 2 ? OPSMITH_DTYPE_F32 : dtype;
+}
+
 static size_t up(size_t b) { return (b + 255) / 256 * 256; }
 
 opsmith_flce_layout opsmith_internal_flce_layout(opsmith_dtype dtype, int64_t rows, int64_t dim, int64_t vocab,
@@ -33,7 +37,7 @@ opsmith_flce_layout opsmith_internal_flce_layout(opsmith_dtype dtype, int64_t ro
         TAKE(z_rows, R * acc);
         TAKE(denom_wsum, 5 * acc); /* denom, wsum; the products' alpha, 0, 1 */
         TAKE(logits, C * V * size);
-        if (fp32_dweight && narrow) TAKE(dweight32, V * D * 4);
+        if (fp32_dweight == OPSMITH_FLCE_DWEIGHT_ACC_FLOAT32 && narrow) TAKE(dweight32, V * D * 4);
         TAKE(dbias, V * acc);
         TAKE(lt, OPSMITH_FLCE_CUBLASLT_WORKSPACE);
     } else {
@@ -79,6 +83,10 @@ opsmith_status opsmith_internal_flce_check(const char *op, opsmith_dtype dtype, 
         return opsmith_internal_fail(bad, "%s: softcap (%g) must be finite and > 0 (or 0: none)", op, softcap);
     if (reduction != OPSMITH_CROSS_ENTROPY_REDUCTION_SUM && reduction != OPSMITH_CROSS_ENTROPY_REDUCTION_MEAN)
         return opsmith_internal_fail(bad, "%s: reduction (%d) must be 1 (sum) or 2 (mean)", op, reduction);
+    if (fp32_dweight != OPSMITH_FLCE_GRADS_IN_DTYPE && fp32_dweight != OPSMITH_FLCE_DWEIGHT_ACC_FLOAT32 &&
+        fp32_dweight != OPSMITH_FLCE_GRADS_FLOAT32)
+        return opsmith_internal_fail(bad, "%s: fp32_dweight (%d) must be 0, 1 or 2 (an opsmith_flce_grads)", op,
+                                     fp32_dweight);
     if (*chunk_rows <= 0) *chunk_rows = opsmith_fused_linear_cross_entropy_chunk_rows(dtype, rows, vocab, 0);
     if (!loss) return opsmith_internal_fail(bad, "%s: loss is NULL", op);
     if (cuda && !error) return opsmith_internal_fail(bad, "%s: error is NULL", op);
@@ -96,15 +104,16 @@ opsmith_status opsmith_internal_flce_check(const char *op, opsmith_dtype dtype, 
             return opsmith_internal_fail(bad, "%s: hidden_row_stride (%lld) must be >= dim (%lld) when rows > 1", op,
                                          (long long)hidden_row_stride, (long long)dim);
     }
-    const size_t size = opsmith_dtype_size(dtype);
-    const struct { const char *name; const void *p; } ptrs[] = {
-        {"hidden", hidden}, {"weight", weight}, {"bias", bias},
-        {"dhidden", dhidden}, {"dweight", dweight}, {"dbias", dbias},
+    const size_t size = opsmith_dtype_size(dtype),
+                 gsize = opsmith_dtype_size(opsmith_internal_flce_grad_dtype(dtype, fp32_dweight));
+    const struct { const char *name; const void *p; size_t align; } ptrs[] = {
+        {"hidden", hidden, size}, {"weight", weight, size}, {"bias", bias, size},
+        {"dhidden", dhidden, gsize}, {"dweight", dweight, gsize}, {"dbias", dbias, gsize},
     };
     for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++)
-        if (opsmith_internal_misaligned(ptrs[i].p, size))
+        if (opsmith_internal_misaligned(ptrs[i].p, ptrs[i].align))
             return opsmith_internal_fail(OPSMITH_STATUS_MISALIGNED, "%s: %s (%p) is not aligned to %zu bytes", op,
-                                         ptrs[i].name, ptrs[i].p, size);
+                                         ptrs[i].name, ptrs[i].p, ptrs[i].align);
     const size_t acc = dtype == OPSMITH_DTYPE_F64 ? 8 : 4;
     if (opsmith_internal_misaligned(loss, acc))
         return opsmith_internal_fail(OPSMITH_STATUS_MISALIGNED, "%s: loss (%p) is not aligned to %zu bytes", op, loss,

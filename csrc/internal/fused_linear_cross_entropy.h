@@ -15,7 +15,8 @@ extern "C" {
 /* Byte offsets into the workspace (each 256-byte aligned); 0 size = absent.
  * CUDA: loss_rows, z_rows (rows, A), denom_wsum (denom, wsum, then for
  *       float16 the gradient products' alpha, 0, 1; A), logits (chunk,
- *       vocab; dtype), dweight32 (vocab, dim; float, fp32_dweight on 16-bit),
+ *       vocab; dtype), dweight32 (vocab, dim; float: 16-bit dtypes under
+ *       OPSMITH_FLCE_DWEIGHT_ACC_FLOAT32),
  *       dbias (vocab, A), lt (cuBLASLt's).
  * CPU:  logits, ce (cross_entropy's workspace for a chunk), wf (weight in A,
  *       16-bit only), hf (a chunk of hidden in A, 16-bit only), dh (chunk,
@@ -24,6 +25,10 @@ typedef struct opsmith_flce_layout {
     size_t loss_rows, z_rows, denom_wsum, logits, dweight32, dbias, lt, ce, dweight, total;
     size_t ce_bytes;
 } opsmith_flce_layout;
+
+/* The gradients' dtype for a launcher's fp32_dweight (opsmith_flce_grads):
+ * float32 for OPSMITH_FLCE_GRADS_FLOAT32 on a 16-bit dtype, else dtype. */
+OPSMITH_INTERNAL opsmith_dtype opsmith_internal_flce_grad_dtype(opsmith_dtype dtype, int fp32_dweight);
 
 OPSMITH_INTERNAL opsmith_flce_layout opsmith_internal_flce_layout(opsmith_dtype dtype, int64_t rows, int64_t dim,
                                                                   int64_t vocab, int64_t chunk_rows, int fp32_dweight,

@@ -100,7 +100,8 @@ Checked check_fwd(const at::Tensor &hidden, const at::Tensor &weight, const at::
 
 // (loss, z_loss, dhidden, dweight, dbias, error) = fused_linear_cross_entropy_fwd(hidden (N, D),
 // weight (V, D), target (N), bias (V)?, ...): loss and z_loss [] in the accumulate type; each gradient
-// (for an incoming gradient of 1) when its flag is set (dbias also needs bias), else empty;
+// (for an incoming gradient of 1; float32 for float16 inputs, else the inputs' dtype) when its flag is
+// set (dbias also needs bias), else empty;
 // error: the device-side flag of out-of-range targets (3 int64).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
 fused_linear_cross_entropy_fwd(const at::Tensor &hidden, const at::Tensor &weight, const at::Tensor &target,
@@ -115,9 +116,16 @@ fused_linear_cross_entropy_fwd(const at::Tensor &hidden, const at::Tensor &weigh
     // float32 cross-entropy of an LM head's logits gives
     const auto acc_opts = opts.dtype(accumulate_type(hidden));
     at::Tensor loss = empty_output({}, acc_opts), z = empty_output({}, acc_opts);
-    at::Tensor dh = grad_hidden ? empty_output({N, D}, opts) : empty_output({0}, opts);
-    at::Tensor dw = grad_weight ? empty_output({V, D}, opts) : empty_output({0}, opts);
-    at::Tensor db = grad_bias && has_bias ? empty_output({V}, opts) : empty_output({0}, opts);
+    // float16's gradients in float32: the backward scales them by the incoming
+    // gradient (a loss scaler's 65536, say) and autograd rounds them to
+    // float16 after that, as the unfused path rounds; stored in float16 for
+    // an incoming gradient of 1, a mean's elements below 6.1e-5 would lose
+    // their bits before the scale
+    const bool f32_grads = c.dtype == OPSMITH_DTYPE_F16;
+    const auto grad_opts = f32_grads ? opts.dtype(at::kFloat) : opts;
+    at::Tensor dh = grad_hidden ? empty_output({N, D}, grad_opts) : empty_output({0}, grad_opts);
+    at::Tensor dw = grad_weight ? empty_output({V, D}, grad_opts) : empty_output({0}, grad_opts);
+    at::Tensor db = grad_bias && has_bias ? empty_output({V}, grad_opts) : empty_output({0}, grad_opts);
     at::Tensor error = at::zeros({OPSMITH_CROSS_ENTROPY_ERROR_COUNT}, opts.dtype(at::kLong));
     const bool cuda = hidden.is_cuda();
     const size_t size = hidden.element_size();
@@ -126,8 +134,11 @@ fused_linear_cross_entropy_fwd(const at::Tensor &hidden, const at::Tensor &weigh
     const int64_t chunk =
         chunk_size > 0 ? chunk_size : opsmith_fused_linear_cross_entropy_chunk_rows(c.dtype, N, V, chunk_budget);
     const int64_t cmin = chunk < N ? chunk : (N > 0 ? N : 1);
-    const int fp32_dw = cuda && grad_weight && size == 2 &&
-                        (size_t)V * D * 4 + (size_t)cmin * V * size <= std::min(kBudget, 2 * quarter_free);
+    const int fp32_dw = f32_grads ? OPSMITH_FLCE_GRADS_FLOAT32
+                        : cuda && grad_weight && size == 2 &&
+                                  (size_t)V * D * 4 + (size_t)cmin * V * size <= std::min(kBudget, 2 * quarter_free)
+                            ? OPSMITH_FLCE_DWEIGHT_ACC_FLOAT32
+                            : OPSMITH_FLCE_GRADS_IN_DTYPE;
     const size_t wb = opsmith_fused_linear_cross_entropy_workspace_size(c.dtype, N, D, V, chunk, fp32_dw, cuda);
     at::Tensor ws = workspace(wb, hidden);
     const void *x = N ? c.h.data() : nullptr;

@@ -25,16 +25,22 @@
  * dim) contiguous; bias (vocab) or NULL; target int64 with element stride
  * target_stride; loss and z_out (z_out may be NULL) one value each in A (a
  * float32 loss for 16-bit inputs, as the float32 cross-entropy of an LM head
- * gives); dhidden (rows, dim), dweight
- * (vocab, dim) and dbias (vocab) contiguous, each NULL when not wanted (all
- * three NULL: the loss alone, no gradient pass). rows >= 0 (0: SUM gives 0,
- * MEAN NaN, gradients zero), dim >= 1, vocab >= 1. chunk_rows <= 0 takes
+ * gives); dhidden (rows, dim), dweight (vocab, dim) and dbias (vocab)
+ * contiguous, in dtype (or float32: fp32_dweight below), each NULL when not
+ * wanted (all three NULL: the loss alone, no gradient pass). rows >= 0
+ * (0: SUM gives 0, MEAN NaN, gradients zero), dim >= 1, vocab >= 1.
+ * chunk_rows <= 0 takes
  * opsmith_fused_linear_cross_entropy_chunk_rows(dtype, rows, vocab, 0).
- * fp32_dweight (CUDA): accumulate dweight over the chunks in a float32
- * buffer in the workspace (vocab * dim * 4 bytes) rather than in dweight's
- * own 16-bit storage (each chunk's product added with beta = 1, float32
- * arithmetic inside the product); ignored for f32/f64 and on the CPU, which
- * always accumulates in the accumulate type.
+ * fp32_dweight, an opsmith_flce_grads value, for the 16-bit dtypes (f32 and
+ * f64 ignore it): OPSMITH_FLCE_GRADS_IN_DTYPE, the gradients in dtype;
+ * OPSMITH_FLCE_DWEIGHT_ACC_FLOAT32 (CUDA; the CPU always accumulates in the
+ * accumulate type), the same, dweight accumulated over the chunks in a
+ * float32 buffer in the workspace (vocab * dim * 4 bytes) rather than in
+ * dweight's own 16-bit storage; OPSMITH_FLCE_GRADS_FLOAT32, dhidden,
+ * dweight and dbias float32 arrays (dweight accumulated in place), so a
+ * caller that scales them afterwards (a loss scaler's incoming gradient)
+ * rounds to 16 bits once, after the scale: a mean's gradient over
+ * thousands of tokens has elements under float16's normal range.
  * Targets out of range: as cross_entropy (CPU: OPSMITH_STATUS_INVALID_ARGUMENT
  * before anything is written; CUDA: error[] set, NaN loss; `error` needed on
  * CUDA, zero before the call).
@@ -49,6 +55,13 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* The gradients' storage (the launchers' fp32_dweight argument, above) */
+typedef enum opsmith_flce_grads {
+    OPSMITH_FLCE_GRADS_IN_DTYPE = 0,
+    OPSMITH_FLCE_DWEIGHT_ACC_FLOAT32 = 1,
+    OPSMITH_FLCE_GRADS_FLOAT32 = 2,
+} opsmith_flce_grads;
 
 /* Tokens a chunk: the most whose logits (chunk_rows * vocab elements of
  * dtype) fit in budget_bytes (0: 512 MiB), a multiple of 128 when >= 256,

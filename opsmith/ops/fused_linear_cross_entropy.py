@@ -86,11 +86,12 @@ def fused_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targe
     Out-of-range targets: IndexError on the CPU; on CUDA a NaN loss and a
     device-side flag, raised (one host synchronisation) with
     ``validate=True``. The gradients are computed in the forward for an
-    incoming gradient of 1, stored in the inputs' dtype, and scaled in the
-    backward: under float16 with a loss scaler (``torch.amp.GradScaler``),
-    gradient elements below float16's normal range (6.1e-5; a mean's over
-    thousands of tokens can be) keep fewer bits than the unfused path, which
-    rounds them after the scale. bfloat16 has no such floor."""
+    incoming gradient of 1 and scaled in the backward. They are held in the
+    inputs' dtype between the two, except float16's, held in float32 (so a
+    loss scaler's gradient, ``torch.amp.GradScaler``, scales them before
+    their one rounding to float16, as in the unfused path: a mean's gradient
+    over thousands of tokens has elements under float16's normal range); the
+    weight's gradient then takes 4 bytes an element until the backward."""
     red = _reduction(reduction)
     cap = _softcap(softcap)
     chunk = _chunk(chunk_size)
@@ -123,11 +124,13 @@ def _fwd_fake(hidden, weight, target, bias=None, ignore_index=-100, label_smooth
                  lambda: f"{op}: target must have shape [{hidden.shape[0]}] (hidden's rows), got {list(target.shape)}")
     torch._check(reduction in (1, 2), lambda: f"{op}: reduction must be 1 (sum) or 2 (mean), got {reduction}")
     acc = _acc(hidden.dtype)
+    # float16's gradients come back float32 (the backward scales them, autograd rounds them once)
+    gd = torch.float32 if hidden.dtype == torch.float16 else hidden.dtype
     n, d, v = hidden.shape[0], hidden.shape[1], weight.shape[0]
     return (hidden.new_empty((), dtype=acc), hidden.new_empty((), dtype=acc),
-            hidden.new_empty((n, d) if grad_hidden else (0,)),
-            hidden.new_empty((v, d) if grad_weight else (0,)),
-            hidden.new_empty((v,) if grad_bias and bias is not None else (0,)),
+            hidden.new_empty((n, d) if grad_hidden else (0,), dtype=gd),
+            hidden.new_empty((v, d) if grad_weight else (0,), dtype=gd),
+            hidden.new_empty((v,) if grad_bias and bias is not None else (0,), dtype=gd),
             hidden.new_empty((3,), dtype=torch.int64))
 
 

@@ -5,7 +5,8 @@
  * dtype; the reference sees the rounded values. Outputs start as 0xFF bytes
  * (NaN in every float type) between guard zones, so an unwritten element or
  * a write outside a tensor fails. Every case runs with all gradients, with
- * the loss alone, and with dweight alone; hidden has padded rows (a row
+ * the loss alone, and with dweight alone (the gradients in the inputs' dtype
+ * or, fp32_dw 2, in float32); hidden has padded rows (a row
  * stride past dim) and target a stride of 2; chunk sizes that do not divide
  * the rows (so a chunk's hidden pointer is not 16-byte aligned). */
 #include <math.h>
@@ -111,6 +112,12 @@ typedef struct {
 
 typedef opsmith_status (*fwd_fn)(const fl_case *c, const fl_data *d, fl_out *o);
 
+/* the gradients' dtype: float32 for a 16-bit case under OPSMITH_FLCE_GRADS_FLOAT32 */
+static opsmith_dtype grad_dt(const fl_case *c)
+{
+    return c->fp32_dw == OPSMITH_FLCE_GRADS_FLOAT32 && opsmith_dtype_size(c->dt) == 2 ? OPSMITH_DTYPE_F32 : c->dt;
+}
+
 static void *payload_or_null(const guarded_buf *b) { return b->base ? guarded_payload(b) : NULL; }
 
 static opsmith_status fwd_cpu(const fl_case *c, const fl_data *d, fl_out *o)
@@ -206,13 +213,13 @@ static int cuda_begin(void)
 #define fwd_cuda NULL
 #endif
 
-/* count values of dtype c->dt in a guarded buffer against ref, relative to max |ref| */
+/* count values of grad_dt(c) in a guarded buffer against ref, relative to max |ref| */
 static void check_grad(const fl_case *c, const char *what, const guarded_buf *g, const double *ref, int64_t count)
 {
     double err = 0.0, scale = 0.0;
     int nan_ok = 1;
     for (int64_t i = 0; i < count; i++) {
-        const double got = opsmith_load_as_double(c->dt, guarded_payload(g), i);
+        const double got = opsmith_load_as_double(grad_dt(c), guarded_payload(g), i);
         if (isnan(got) != isnan(ref[i])) nan_ok = 0;
         else if (!isnan(got)) err = fmax(err, fabs(got - ref[i]));
         scale = fmax(scale, fabs(ref[i]));
@@ -236,7 +243,7 @@ static void check_scalar(const fl_case *c, const char *what, const double *got, 
 static void run(const char *be, fwd_fn fwd, const fl_case *c, const fl_data *d, int mode)
 {
     char what[96];
-    const size_t es = opsmith_dtype_size(c->dt);
+    const size_t es = opsmith_dtype_size(grad_dt(c));
     const int64_t R = c->rows, D = c->dim, V = c->vocab;
     fl_out o;
     memset(&o, 0, sizeof o);
@@ -322,6 +329,16 @@ static void test_bad_args(void)
     expect(opsmith_fused_linear_cross_entropy_fwd_cpu(OPSMITH_DTYPE_I32, 4, 4, 4, h, 4, w, NULL, t, 1, -100, 0, 0, 0,
                                                       MEAN, 0, 0, loss, NULL, dh, NULL, NULL, NULL, ws, wb),
            OPSMITH_STATUS_UNSUPPORTED_DTYPE, "i32", "integer dtype");
+    expect(opsmith_fused_linear_cross_entropy_fwd_cpu(F32, 4, 4, 4, h, 4, w, NULL, t, 1, -100, 0, 0, 0, MEAN, 0, 3, loss,
+                                                      NULL, dh, NULL, NULL, NULL, ws, wb),
+           INVALID, "fp32_dweight (3) must be 0, 1 or 2", "fp32_dweight 3");
+    /* float32 gradients of float16 inputs must be 4-byte aligned */
+    static _Alignas(8) uint16_t h16[32], w16[32];
+    const size_t wb16 = opsmith_fused_linear_cross_entropy_workspace_size(OPSMITH_DTYPE_F16, 4, 4, 4, 0, 2, 0);
+    CHECK(wb16 > 0 && wb16 <= sizeof ws, "float16 workspace size %zu", wb16);
+    expect(opsmith_fused_linear_cross_entropy_fwd_cpu(OPSMITH_DTYPE_F16, 4, 4, 4, h16, 4, w16, NULL, t, 1, -100, 0, 0, 0,
+                                                      MEAN, 0, 2, loss, NULL, (char *)dh + 2, NULL, NULL, NULL, ws, wb16),
+           OPSMITH_STATUS_MISALIGNED, "dhidden (", "float32 dhidden on 2 bytes");
 #undef FWD
     /* the default chunk: from the budget, a multiple of 128, within [1, rows] */
     CHECK(opsmith_fused_linear_cross_entropy_chunk_rows(OPSMITH_DTYPE_BF16, 8192, 128256, 0) == 2048,
@@ -349,6 +366,11 @@ HARNESS_GROUP(test_fused_linear_cross_entropy)
         {0, 6, 8, 16, 0, 4, 0, -1, 0.0, 0.0, 0.0, SUM, 0},
         {0, 0, 8, 16, 0, 0, 1, 0, 0.0, 0.0, 0.0, MEAN, 0},    /* no rows: NaN / 0, gradients 0 */
         {0, 0, 8, 16, 0, 0, 0, 0, 0.0, 0.0, 0.0, SUM, 1},
+        /* the gradients in float32 (16-bit dtypes) */
+        {0, 33, 24, 130, 1, 8, 1, 4, 0.2, 1e-4, 30.0, MEAN, 2},
+        {0, 20, 40, 100, 8, 7, 1, 0, 0.05, 0.0, 2.0, SUM, 2},
+        {0, 6, 8, 16, 0, 2, 1, -1, 0.1, 1e-4, 0.0, MEAN, 2},
+        {0, 0, 8, 16, 0, 0, 1, 0, 0.0, 0.0, 0.0, MEAN, 2},
     };
     /* CUDA alone: the shapes cuBLASLt tiles, odd ones, many chunks, both dweight accumulators */
     const fl_case gpu_shapes[] = {
@@ -357,6 +379,8 @@ HARNESS_GROUP(test_fused_linear_cross_entropy)
         {0, 64, 128, 4099, 4, 17, 0, 3, 0.0, 0.0, 30.0, SUM, 0},
         {0, 257, 200, 3001, 0, 0, 1, 0, 0.0, 1e-4, 0.0, MEAN, 0},
         {0, 512, 256, 2048, 0, 100, 0, 7, 0.0, 0.0, 0.0, MEAN, 0},
+        {0, 300, 96, 1000, 0, 128, 1, 5, 0.1, 1e-4, 0.0, MEAN, 2},
+        {0, 257, 200, 3001, 0, 0, 1, 0, 0.0, 1e-4, 0.0, SUM, 2},
     };
     for (int di = 0; di < OPSMITH_DTYPE_COUNT; di++) {
         const opsmith_dtype dt = (opsmith_dtype)di;
