@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# What waits for a GPU (bench/NOTES.md names each "not yet run on a GPU"),
+# in one call on the GPU machine: the library built for sm_90 with the C
+# tests; the CUDA cases of the changes not yet run (the fused linear op's
+# float32 gradients for float16); on an H200 also the norm forwards' and
+# softmax's plans compared in one build ("Next on the H200: the norm
+# forwards' plans, one build"). Logs and rows under OUT.
+# Usage: bench/pending_gpu.sh OUT [tests|plans]   (default: both)
+set -uo pipefail
+out=${1:?usage: $0 OUT [tests|plans]}
+what=${2:-both}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+{
+  echo "date: $(date -u +%F)"
+  echo "gpu: $gpu"
+  echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+  python3 -c 'import torch, triton; print("torch:", torch.__version__, "| triton:", triton.__version__)'
+} > "$out/env.txt"
+cat "$out/env.txt"
+t0=$(date +%s)
+make -j"$(nproc)" build build/test_c CUDA_ARCH="-gencode arch=compute_90,code=sm_90" > "$out/build.log" 2>&1 ||
+  { tail -40 "$out/build.log"; exit 1; }
+echo "built in $(( $(date +%s) - t0 )) s"
+rc=0
+if [ "$what" != plans ]; then
+  python3 -m pytest -q tests/test_fused_linear_cross_entropy.py -k "cuda or float16" > "$out/pytest_flce.txt" 2>&1 || rc=1
+  tail -1 "$out/pytest_flce.txt"
+  OMP_NUM_THREADS=8 ./build/test_c fused_linear > "$out/ctest_flce.txt" 2>&1 || rc=1
+  tail -1 "$out/ctest_flce.txt"
+fi
+case "$gpu" in *H200*) ;; *) what=tests ;; esac
+if [ "$what" != tests ]; then
+  bench/compare_plans.sh "$out" bench/ring_plans.py "ln rms add" default "" resident \
+    "OPSMITH_NORM_RING_MIN_PACKS=4096" narrow "OPSMITH_NORM_RING_MIN_PACKS=128" lean4 "OPSMITH_NORM_WARP_ROW_LEAN=4" || rc=1
+  bench/compare_plans.sh "$out" bench/ring_plans.py "softmax" sm-block "" sm-ring "OPSMITH_SOFTMAX_BLOCK_PACKS=0" || rc=1
+fi
+echo "done in $(( $(date +%s) - t0 )) s, exit $rc"
+exit $rc
