@@ -8,7 +8,8 @@
  * widened by the GEMM as it packs them (bf16 pairs multiplied directly on
  * AVX512-BF16 CPUs): no widened copies; products and accumulators in the
  * accumulate type (float; double for f64). The mean's scale is applied when
- * the gradients are stored, in dtype or (OPSMITH_FLCE_GRADS_FLOAT32) float32. Formulas in include/opsmith/fused_linear_cross_entropy.h. */
+ * the gradients are stored, in dtype or (OPSMITH_FLCE_GRADS_FLOAT32)
+ * float32. Formulas in include/opsmith/fused_linear_cross_entropy.h. */
 #include <math.h>
 #include <string.h>
 
