@@ -4,10 +4,13 @@
 # tests; the CUDA cases of the changes not yet run (the fused linear op's
 # float32 gradients for float16); on an H200 also the norm forwards' and
 # softmax's plans compared in one build ("Next on the H200: the norm
-# forwards' plans, one build"). Logs and rows under OUT.
-# Usage: bench/pending_gpu.sh OUT [tests|plans]   (default: both)
+# forwards' plans, one build"). Logs and rows under OUT. `norms` instead
+# runs the norms' benchmark against eager, torch.compile and Liger (Liger
+# carried as a wheel; issue 12's README table and plots come from it), its
+# folder packed into OUT/norms.tgz so that it comes back as one file.
+# Usage: bench/pending_gpu.sh OUT [tests|plans|norms]   (default: tests and plans)
 set -uo pipefail
-out=${1:?usage: $0 OUT [tests|plans]}
+out=${1:?usage: $0 OUT [tests|plans|norms]}
 what=${2:-both}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -24,6 +27,13 @@ make -j"$(nproc)" build build/test_c CUDA_ARCH="-gencode arch=compute_90,code=sm
   { tail -40 "$out/build.log"; exit 1; }
 echo "built in $(( $(date +%s) - t0 )) s"
 rc=0
+if [ "$what" = norms ]; then
+  timeout 540 python3 -m opsmith bench --quick --budget 120 --ops rms_norm layer_norm fused_add_rms_norm \
+    --out "$out/norms" > "$out/norms.log" 2>&1 || rc=1
+  tar czf "$out/norms.tgz" -C "$out" norms && rm -rf "$out/norms"
+  tail -5 "$out/norms.log"
+  exit $rc
+fi
 if [ "$what" != plans ]; then
   python3 -m pytest -q tests/test_fused_linear_cross_entropy.py -k "cuda or float16" > "$out/pytest_flce.txt" 2>&1 || rc=1
   tail -1 "$out/pytest_flce.txt"
