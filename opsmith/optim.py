@@ -24,6 +24,9 @@ A float lr is passed to the kernel as a number; an lr given as a float32
 scalar tensor on the params' device is read by the kernel, which makes the
 whole step capturable in a CUDA graph with a changing lr (capturable is
 accepted for compatibility: nothing here synchronises with the host)."""
+from collections import defaultdict
+from itertools import repeat
+from operator import is_
 from typing import Any, Dict, List, Optional
 
 import torch
@@ -32,6 +35,57 @@ from torch import Tensor
 from .ops.adamw import adamw_grad_norm, adamw_step
 
 _STATE_KEYS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "master_param")
+# a bucket's lists of state tensors, by the state key each came from
+_STATE_FIELDS = (("m", "exp_avg"), ("v", "exp_avg_sq"), ("x", "max_exp_avg_sq"), ("w", "master_param"),
+                 ("s", "step"))
+
+
+class _StateTable(defaultdict):
+    """optimizer.state as this optimizer makes it: a defaultdict(dict) that
+    counts the changes to its own entries (a param's state dict set or
+    deleted, the table cleared), so a step tells in O(1) that every param's
+    state dict is the one its buckets hold. A table the caller assigns
+    (opt.state = defaultdict(dict)) is checked param by param instead."""
+    changes = 0
+
+    def _changed(self):
+        self.changes += 1
+
+    def __setitem__(self, key, value):
+        super().__setitem__(key, value)
+        self._changed()
+
+    def __delitem__(self, key):
+        super().__delitem__(key)
+        self._changed()
+
+    def __ior__(self, other):
+        self._changed()
+        return super().__ior__(other)
+
+    def clear(self):
+        super().clear()
+        self._changed()
+
+    def pop(self, *args):
+        self._changed()
+        return super().pop(*args)
+
+    def popitem(self):
+        self._changed()
+        return super().popitem()
+
+    def setdefault(self, key, default=None):
+        self._changed()
+        return super().setdefault(key, default)
+
+    def update(self, *args, **kwargs):
+        super().update(*args, **kwargs)
+        self._changed()
+
+
+def _table(state) -> "_StateTable":
+    return state if isinstance(state, _StateTable) else _StateTable(dict, state)
 
 
 class AdamW(torch.optim.Optimizer):
@@ -60,14 +114,17 @@ class AdamW(torch.optim.Optimizer):
                         foreach=foreach, capturable=capturable, differentiable=False, fused=fused,
                         decoupled_weight_decay=True, master_weights=master_weights)
         super().__init__(params, defaults)
+        self.state = _table(self.state)
         self.max_grad_norm = max_grad_norm
         self.last_grad_norm: Optional[Tensor] = None
         # per group: the lists of the last step's buckets (see _buckets)
         self._bucket_cache: Dict[int, Any] = {}
+        self._bucket_table = (None, None)
         self._state_version = 0
 
     def __setstate__(self, state):
         super().__setstate__(state)
+        self.__dict__["state"] = _table(self.__dict__["state"])
         for group in self.param_groups:
             group.setdefault("amsgrad", False)
             group.setdefault("maximize", False)
@@ -75,6 +132,7 @@ class AdamW(torch.optim.Optimizer):
         self.__dict__.setdefault("max_grad_norm", None)
         self.__dict__.setdefault("last_grad_norm", None)
         self.__dict__["_bucket_cache"] = {}
+        self.__dict__["_bucket_table"] = (None, None)
         self.__dict__["_state_version"] = self.__dict__.get("_state_version", 0) + 1
 
     def _init_state(self, p: Tensor, group) -> Dict[str, Any]:
@@ -120,16 +178,21 @@ class AdamW(torch.optim.Optimizer):
         return torch.clamp(self.max_grad_norm / (norm + 1e-6), max=1.0)
 
     def _state_still(self, buckets) -> bool:
-        """Whether self.state still holds the cached buckets' tensors, read at
-        each bucket's first and last param: a state cleared or replaced by the
-        caller (opt.state = defaultdict(dict), opt.state[p].clear() for every
-        p, a reset of the moments) makes the buckets again, with fresh state
-        (a cost independent of the number of params)."""
-        state = self.state
+        """Whether self.state still holds every cached bucket's state: each
+        param's state dict (opt.state[p] = {...}, del opt.state[p], a new
+        opt.state: the table's change count, or param by param for a table
+        the caller assigned) and in it each tensor the bucket steps
+        (.clear(), a fresh exp_avg). A state changed for any param, the
+        first or the thousandth, makes the buckets again. Passes over the
+        lists through map (no Python loop a param)."""
+        table, changes = self._bucket_table
+        same_dicts = changes is not None and self.state is table and table.changes == changes
+        get = self.state.get
         for b in buckets:
-            for i in (0, -1):
-                st = state.get(b["p"][i])
-                if st is None or st.get("exp_avg") is not b["m"][i] or st.get("step") is not b["s"][i]:
+            if not same_dicts and not all(map(is_, map(get, b["p"]), b["d"])):
+                return False
+            for field, key in _STATE_FIELDS:
+                if b[field] and not all(map(is_, map(dict.get, b["d"], repeat(key)), b[field])):
                     return False
         return True
 
@@ -140,21 +203,23 @@ class AdamW(torch.optim.Optimizer):
         options change, else reused: a step over thousands of tensors then
         costs two list comprehensions of host time, not a loop of lookups."""
         params = group["params"]
-        has_grad = [p.grad is not None for p in params]
-        key = (has_grad, group["amsgrad"], group["master_weights"], self._state_version)
+        # which params, by identity (a param swapped into the group), have grads
+        with_grad = [p.grad is not None and id(p) for p in params]
+        key = (with_grad, group["amsgrad"], group["master_weights"], self._state_version)
         cached = self._bucket_cache.get(gi)
         if cached is not None and cached[0] == key and self._state_still(cached[1]):
             return cached[1]
         by_key: Dict[Any, Dict[str, Any]] = {}
-        for p, g in zip(params, has_grad):
-            if not g:
+        for p, g in zip(params, with_grad):
+            if g is False:
                 continue
             self._check_param(p)
             state = self._init_state(p, group)
             master = state.get("master_param") if group["master_weights"] else None
             b = by_key.setdefault((p.device, p.dtype, p.grad.dtype, master is not None),
-                                  {"p": [], "m": [], "v": [], "x": [], "w": [], "s": []})
+                                  {"p": [], "d": [], "m": [], "v": [], "x": [], "w": [], "s": []})
             b["p"].append(p)
+            b["d"].append(state)
             b["m"].append(state["exp_avg"])
             b["v"].append(state["exp_avg_sq"])
             if group["amsgrad"]:
@@ -167,6 +232,9 @@ class AdamW(torch.optim.Optimizer):
             b["device"], b["grad_dtype"], b["has_master"] = device, grad_dtype, has_master
             buckets.append(b)
         self._bucket_cache[gi] = (key, buckets)
+        # the state dicts the buckets were made from (see _state_still); any
+        # group's build may have added entries
+        self._bucket_table = (self.state, getattr(self.state, "changes", None))
         return buckets
 
     @torch.no_grad()

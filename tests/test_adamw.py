@@ -117,12 +117,13 @@ def test_grads_appearing_and_vanishing_between_steps():
     assert_close_params(pa, pb)
 
 
-@pytest.mark.parametrize("reset", ["reassign", "clear_all", "clear_each", "zero_moments"])
+@pytest.mark.parametrize("reset", ["reassign", "clear_all", "clear_each", "zero_moments", "clear_middle",
+                                   "delete_middle", "new_dict_middle", "new_exp_avg_sq_middle"])
 def test_state_reset_by_the_caller(reset):
     # a reset of the optimizer's state between steps (a new state dict,
-    # every param's state cleared, fresh moments) is followed, as by
-    # torch.optim.AdamW: the reused per-group lists must not keep updating
-    # the old tensors
+    # every param's state cleared, fresh moments; or one param's, in the
+    # middle of the list) is followed, as by torch.optim.AdamW: the reused
+    # per-group lists must not keep updating the old tensors
     from collections import defaultdict
 
     pa = make_params(SHAPES, "cpu")
@@ -139,14 +140,41 @@ def test_state_reset_by_the_caller(reset):
                 elif reset == "clear_each":
                     for p in opt.state:
                         opt.state[p].clear()
-                else:
+                elif reset == "zero_moments":
                     for p in opt.state:
                         opt.state[p]["exp_avg"] = torch.zeros_like(opt.state[p]["exp_avg"])
                         opt.state[p]["exp_avg_sq"] = torch.zeros_like(opt.state[p]["exp_avg_sq"])
+                else:
+                    mid = opt.param_groups[0]["params"][len(SHAPES) // 2]
+                    if reset == "clear_middle":
+                        opt.state[mid].clear()
+                    elif reset == "delete_middle":
+                        del opt.state[mid]
+                    elif reset == "new_dict_middle":
+                        opt.state[mid] = {}
+                    else:
+                        opt.state[mid]["exp_avg_sq"] = torch.zeros_like(opt.state[mid]["exp_avg_sq"])
         ours.step(), theirs.step()
     assert_close_params(pa, pb)
     for p, q in zip(pa, pb):
         assert float(ours.state[p]["step"]) == float(theirs.state[q]["step"])
+
+
+def test_param_swapped_into_a_group():
+    # a param replaced in place in a group's list (the count of params with
+    # grads unchanged) is the one stepped, with fresh state, as by torch
+    pa = make_params(SHAPES, "cpu")
+    pb = clone_params(pa)
+    ours, theirs = AdamW(pa, lr=1e-2), torch.optim.AdamW(pb, lr=1e-2)
+    for s in range(4):
+        if s == 2:
+            mid = len(SHAPES) // 2
+            for opt, ps in ((ours, pa), (theirs, pb)):
+                ps[mid] = torch.nn.Parameter(torch.full_like(ps[mid], 0.5))
+                opt.param_groups[0]["params"][mid] = ps[mid]
+        set_grads(pa, s), set_grads(pb, s)
+        ours.step(), theirs.step()
+    assert_close_params(pa, pb)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -328,12 +356,22 @@ def test_refusals():
     with pytest.raises(RuntimeError, match=r"adamw_step_: grads\[1\] must have the shape of params\[1\] \[3\], got \[2\]"):
         opsmith.adamw_step(x, [torch.randn(4), torch.randn(2)], [torch.zeros(4), torch.zeros(3)],
                            [torch.zeros(4), torch.zeros(3)], st)
-    with pytest.raises(RuntimeError, match=r"adamw_step_: exp_avgs\[0\] must be Float"):
+    with pytest.raises(RuntimeError, match=r"adamw_step_: exp_avgs\[0\] must be Float \(the optimizer state's dtype\), "
+                                           r"got BFloat16"):
         opsmith.adamw_step(x, x, [torch.zeros(4).bfloat16(), torch.zeros(3)], [torch.zeros(4), torch.zeros(3)], st)
+    with pytest.raises(RuntimeError, match=r"adamw_step_: grads\[1\] must be Float like grads\[0\], got BFloat16"):
+        opsmith.adamw_step(x, [x[0], x[1].bfloat16()], [torch.zeros(4), torch.zeros(3)],
+                           [torch.zeros(4), torch.zeros(3)], st)
     with pytest.raises(RuntimeError, match=r"adamw_step_: steps must have one tensor per param \(2\), got 1"):
         opsmith.adamw_step(x, x, [torch.zeros(4), torch.zeros(3)], [torch.zeros(4), torch.zeros(3)], st[:1])
     with pytest.raises(RuntimeError, match=r"adamw_grad_norm: max_norm must be > 0"):
         opsmith.adamw_grad_norm(x, 0.0)
+    # empty lists: a step over nothing does nothing; a norm of nothing has no device to live on
+    for step, norm in ((opsmith.adamw_step, opsmith.adamw_grad_norm),
+                       (opsmith.pybind.adamw_step, opsmith.pybind.adamw_grad_norm)):
+        assert step([], [], [], [], []) is None
+        with pytest.raises(RuntimeError, match=r"adamw_grad_norm: grads must not be empty"):
+            norm([], 1.0)
 
 
 # --- the functional ops ------------------------------------------------------------

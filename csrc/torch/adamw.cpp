@@ -51,6 +51,7 @@ opsmith_dtype storage_dtype(const at::Tensor &t, const char *op, const char *lis
 at::ScalarType check_list(const char *op, const char *name, at::TensorList list, const at::Device &device,
                           at::ScalarType dtype, at::TensorList ref, const char *ref_name, bool mutated) {
     // messages are only formatted on failure: thousands of tensors a step
+    const bool like_first = dtype == at::ScalarType::Undefined;
     for (size_t i = 0; i < list.size(); i++) {
         const at::Tensor &t = list[i];
         const int64_t k = (int64_t)i;
@@ -58,8 +59,9 @@ at::ScalarType check_list(const char *op, const char *name, at::TensorList list,
         TORCH_CHECK(t.device() == device, op, ": ", name, "[", text(k), "] must be on ", device,
                     " (the device of params[0]), got ", t.device());
         if (dtype == at::ScalarType::Undefined) dtype = t.scalar_type();
-        TORCH_CHECK(t.scalar_type() == dtype, op, ": ", name, "[", text(k), "] must be ", dtype, " like ", name,
-                    "[0], got ", t.scalar_type());
+        TORCH_CHECK(t.scalar_type() == dtype, op, ": ", name, "[", text(k), "] must be ", dtype,
+                    like_first ? " like " : " (the optimizer state's dtype)", like_first ? name : "",
+                    like_first ? "[0]" : "", ", got ", t.scalar_type());
         if (mutated && !t.is_contiguous())
             TORCH_CHECK(at::has_internal_overlap(t) != at::MemOverlap::Yes, op, ": ", name, "[", text(k),
                         "] has elements that share memory (an expanded view) and cannot be updated in place, got "

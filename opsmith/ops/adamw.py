@@ -44,8 +44,11 @@ def adamw_step(params: Sequence[Tensor], grads: Sequence[Tensor], exp_avgs: Sequ
     tensor on the params' device; clip_coef, a float32 scalar tensor that
     scales every gradient (adamw_grad_norm's second result). Neither is read
     on the host, so the step can be captured in a CUDA graph."""
+    params = list(params)
+    if not params and not any((grads, exp_avgs, exp_avg_sqs, steps)):
+        return  # nothing to step (the dispatcher needs a tensor to choose a device)
     lr_f, lr_t = _lr_args(lr)
-    _step(list(params), list(grads), list(exp_avgs), list(exp_avg_sqs),
+    _step(params, list(grads), list(exp_avgs), list(exp_avg_sqs),
           list(max_exp_avg_sqs) if amsgrad and max_exp_avg_sqs is not None else [],
           list(master_params) if master_params is not None else [], list(steps),
           lr_f, lr_t, float(beta1), float(beta2), float(eps), float(weight_decay), bool(amsgrad), bool(maximize),
@@ -58,7 +61,10 @@ def adamw_grad_norm(grads: Sequence[Tensor], max_norm: float) -> Tuple[Tensor, T
     deterministic), and min(1, max_norm / (norm + 1e-6)), the factor
     torch.nn.utils.clip_grad_norm_ scales by. Both float32 scalar tensors on
     the grads' device, never read on the host. One grad dtype per call."""
-    return _grad_norm(list(grads), float(max_norm))
+    grads = list(grads)
+    if not grads:
+        raise RuntimeError("adamw_grad_norm: grads must not be empty (the norm needs a device)")
+    return _grad_norm(grads, float(max_norm))
 
 
 @torch.library.register_fake("opsmith::adamw_step_")
