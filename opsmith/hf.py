@@ -221,12 +221,20 @@ def _glu_activation(act) -> Optional[str]:
     return None
 
 
+def _unhooked(m) -> bool:
+    # no module hooks that a fused path would skip: the module's own forward,
+    # forward-pre, backward and backward-pre hooks, or global ones
+    from torch.nn.modules import module as _module
+    own = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+    glob = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
+            "_global_backward_pre_hooks")
+    return not any(getattr(m, k, None) for k in own) and not any(getattr(_module, k, None) for k in glob)
+
+
 def _plain_linear(m) -> bool:
     # a torch.nn.Linear that its own forward would compute as F.linear: no
-    # subclass (LoRA, quantised layers), no hooks of its own or global ones
-    from torch.nn.modules import module as _module
-    return (type(m) is torch.nn.Linear and not m._forward_hooks and not m._forward_pre_hooks
-            and not _module._global_forward_hooks and not _module._global_forward_pre_hooks)
+    # subclass (LoRA, quantised layers), no hooks (_unhooked)
+    return type(m) is torch.nn.Linear and _unhooked(m)
 
 
 def _slice_logits_to_keep(hidden, logits_to_keep):
@@ -240,8 +248,9 @@ def _slice_logits_to_keep(hidden, logits_to_keep):
 
 
 def _mlp_forward(self, x):
-    activation = _glu_activation(self.act_fn)
-    if activation is None:  # set after patching: compute as Hugging Face does
+    # an activation opsmith has no kernel for (set after patching), or one with hooks: as Hugging Face computes
+    activation = _glu_activation(self.act_fn) if _unhooked(self.act_fn) else None
+    if activation is None:
         return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
     gate, up = self.gate_proj(x), self.up_proj(x)
     if getattr(self, "_opsmith_glu_recompute", True) and torch.is_grad_enabled() and _plain_linear(self.down_proj):
@@ -307,7 +316,8 @@ def _causal_lm_forward(self, input_ids=None, attention_mask=None, position_ids=N
     comes from the hidden states and the lm_head weight and no logits are made
     (the output's logits are None); otherwise Hugging Face's path (logits, and
     the loss from them when labels are given). An lm_head that is not a plain
-    torch.nn.Linear (a LoRA adapter, a quantised layer) or has hooks takes
+    torch.nn.Linear (a LoRA adapter, a quantised layer) or has module hooks
+    (forward or backward) takes
     Hugging Face's path, so that its own forward runs."""
     from transformers.modeling_outputs import CausalLMOutputWithPast
     outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
@@ -566,7 +576,8 @@ def patch(model_or_class=None, *, model_type: Optional[str] = None, rms_norm: bo
     for down_proj's weight gradient: the backward's GLU pass makes it again
     (one [tokens, intermediate] tensor an MLP less memory, the same
     gradients, under torch.compile too; a down_proj that is not a plain
-    torch.nn.Linear, or hooked, takes the usual path).
+    torch.nn.Linear, or has module hooks (forward or backward), takes the
+    usual path; so does an activation module with hooks).
 
     norm_recompute (with rms_norm): when training, the tensors q/k/v_proj and
     gate/up_proj keep for their weight gradients, the norm's output, are not

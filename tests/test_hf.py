@@ -460,6 +460,46 @@ def test_lm_head_with_its_own_forward_is_called(change, restore_modeling):
     torch.testing.assert_close(out.loss, losses[0], rtol=2e-5, atol=2e-5)
 
 
+@pytest.mark.parametrize("kind", ["backward", "backward_pre", "global_backward"])
+def test_module_backward_hooks_fire_as_unpatched(kind, restore_modeling):
+    """Backward hooks on lm_head, down_proj and the MLP's activation (each
+    module's own, or a global one) fire when training with labels as in the
+    unpatched model, and a hook that changes the gradient it is given changes
+    the parameters' gradients alike: the fused paths, which skip those
+    modules' calls, are not taken for a hooked module."""
+    ref = build("llama", torch.float32, "cpu")
+    model = hf.patch(copy.deepcopy(ref))
+    ids, labels = batch(model, "cpu")
+    fired = {}
+
+    def hook(tag):
+        def fn(mod, *grads):
+            fired[tag].append(type(mod).__name__)
+            if kind != "global_backward" and type(mod).__name__ != "Linear":
+                # the activation's hook halves the gradient that reaches gate_proj
+                return (grads[-1][0] * 0.5,) + tuple(grads[-1][1:])
+        return fn
+
+    handles = []
+    for tag, m in (("ref", ref), ("patched", model)):
+        fired[tag] = []
+        mlp = m.model.layers[0].mlp
+        if kind == "global_backward":
+            handles.append(torch.nn.modules.module.register_module_full_backward_hook(hook(tag)))
+        else:
+            for mod in (m.lm_head, mlp.down_proj, mlp.act_fn):
+                reg = mod.register_full_backward_hook if kind == "backward" else mod.register_full_backward_pre_hook
+                handles.append(reg(hook(tag)))
+        m.train()
+        m(input_ids=ids, labels=labels).loss.backward()
+        for h in handles:
+            h.remove()
+        handles.clear()
+    assert sorted(fired["patched"]) == sorted(fired["ref"]) and fired["ref"], fired
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
 def test_logits_to_keep_as_hugging_face(restore_modeling):
     """logits_to_keep as Hugging Face takes it: an int, 1-D positions, and
     where the installed transformers takes them, 2-D positions per sample and
