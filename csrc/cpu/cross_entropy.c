@@ -310,7 +310,8 @@ opsmith_status opsmith_cross_entropy_fwd_cpu(opsmith_dtype dtype, int64_t rows, 
                                              size_t workspace_bytes) {
     opsmith_status s = opsmith_internal_cross_entropy_fwd_check(
         "cross_entropy_fwd_cpu", dtype, rows, n, logits, logits_row_stride, target, label_smoothing, z_loss, softcap,
-        (int)reduction, loss_dtype, loss, dlogits, dlogits_row_stride, error, 0, workspace, workspace_bytes);
+        (int)reduction, loss_dtype, loss, dlogits, dlogits_row_stride, error, 0, workspace, workspace_bytes, weight, z_out,
+        lse);
     if (s != OPSMITH_STATUS_SUCCESS) return s;
     const int t = opsmith_get_num_threads();
     const int loss_acc = loss_dtype != dtype;

@@ -154,7 +154,7 @@ opsmith_status opsmith_fused_linear_cross_entropy_fwd_cpu(
     int64_t chunk = chunk_rows;
     opsmith_status s = opsmith_internal_flce_check(op, dtype, rows, dim, vocab, hidden, hidden_row_stride, weight,
                                                    bias, target, label_smoothing, z_loss, softcap, (int)reduction,
-                                                   &chunk, fp32_dweight, loss, dhidden, dweight, dbias, error, 0,
+                                                   &chunk, fp32_dweight, loss, z_out, dhidden, dweight, dbias, error, 0,
                                                    workspace, workspace_bytes);
     if (s != OPSMITH_STATUS_SUCCESS) return s;
     /* targets checked and the mean's denominator counted before anything is written */

@@ -535,7 +535,8 @@ extern "C" opsmith_status opsmith_cross_entropy_fwd_cuda(
     opsmith_cuda_stream stream) {
     opsmith_status st = opsmith_internal_cross_entropy_fwd_check(
         "cross_entropy_fwd_cuda", dtype, rows, n, logits, logits_row_stride, target, label_smoothing, z_loss, softcap,
-        (int)reduction, loss_dtype, loss, dlogits, dlogits_row_stride, error, 1, workspace, workspace_bytes);
+        (int)reduction, loss_dtype, loss, dlogits, dlogits_row_stride, error, 1, workspace, workspace_bytes, weight, z_out,
+        lse);
     if (st != OPSMITH_STATUS_SUCCESS) return st;
     if (rows > 0x7fffffffLL)
         return opsmith_internal_fail(OPSMITH_STATUS_INVALID_ARGUMENT, "cross_entropy_fwd_cuda: rows (%lld) must be < 2^31",

@@ -333,7 +333,7 @@ extern "C" opsmith_status opsmith_fused_linear_cross_entropy_fwd_cuda(
     int64_t chunk = chunk_rows;
     opsmith_status st = opsmith_internal_flce_check(kOp, dtype, rows, dim, vocab, hidden, hidden_row_stride, weight,
                                                     bias, target, label_smoothing, z_loss, softcap, (int)reduction,
-                                                    &chunk, fp32_dweight, loss, dhidden, dweight, dbias, error, 1,
+                                                    &chunk, fp32_dweight, loss, z_out, dhidden, dweight, dbias, error, 1,
                                                     workspace, workspace_bytes);
     if (st != OPSMITH_STATUS_SUCCESS) return st;
     if (chunk > 0x7fffffffLL || dim > 0x7fffffffLL || vocab > 0x7fffffffLL)

@@ -1,4 +1,5 @@
 /* cross_entropy argument validation, shared by the CPU and CUDA launchers. */
+#include <float.h>
 #include <math.h>
 
 #include "internal/cross_entropy.h"
@@ -24,6 +25,21 @@ size_t opsmith_cross_entropy_fwd_workspace_size(opsmith_dtype dtype, int64_t row
     return (bytes + OPSMITH_WORKSPACE_ALIGNMENT - 1) / OPSMITH_WORKSPACE_ALIGNMENT * OPSMITH_WORKSPACE_ALIGNMENT;
 }
 
+opsmith_status opsmith_internal_cross_entropy_check_float_range(const char *op, opsmith_dtype dtype, double z_loss,
+                                                               double softcap) {
+    if (dtype == OPSMITH_DTYPE_F64) return OPSMITH_STATUS_SUCCESS;
+    if (softcap != 0.0 && !(softcap >= FLT_MIN && softcap <= FLT_MAX))
+        return opsmith_internal_fail(OPSMITH_STATUS_INVALID_ARGUMENT,
+                                     "%s: softcap (%g) must be 0 or within float's normal range [%g, %g] for %s "
+                                     "logits (their arithmetic is in float)",
+                                     op, softcap, (double)FLT_MIN, (double)FLT_MAX, opsmith_dtype_name(dtype));
+    if (!(z_loss <= FLT_MAX))
+        return opsmith_internal_fail(OPSMITH_STATUS_INVALID_ARGUMENT,
+                                     "%s: z_loss (%g) must be <= %g for %s logits (their arithmetic is in float)", op,
+                                     z_loss, (double)FLT_MAX, opsmith_dtype_name(dtype));
+    return OPSMITH_STATUS_SUCCESS;
+}
+
 static opsmith_status check_float(const char *op, opsmith_dtype dtype, int64_t rows, int64_t n) {
     if ((unsigned)dtype >= OPSMITH_DTYPE_COUNT || !opsmith_dtype_is_float(dtype))
         return opsmith_internal_fail(OPSMITH_STATUS_UNSUPPORTED_DTYPE,
@@ -40,7 +56,8 @@ opsmith_status opsmith_internal_cross_entropy_fwd_check(const char *op, opsmith_
                                                         double softcap, int reduction, opsmith_dtype loss_dtype,
                                                         const void *loss, const void *dlogits,
                                                         int64_t dlogits_row_stride, const int64_t *error,
-                                                        int need_error, const void *workspace, size_t workspace_bytes) {
+                                                        int need_error, const void *workspace, size_t workspace_bytes,
+                                                        const void *weight, const void *z_out, const void *lse) {
     const opsmith_status bad = OPSMITH_STATUS_INVALID_ARGUMENT;
     opsmith_internal_clear_error();
     opsmith_status s = check_float(op, dtype, rows, n);
@@ -51,6 +68,8 @@ opsmith_status opsmith_internal_cross_entropy_fwd_check(const char *op, opsmith_
         return opsmith_internal_fail(bad, "%s: z_loss (%g) must be finite and >= 0", op, z_loss);
     if (!(softcap >= 0.0 && isfinite(softcap)))
         return opsmith_internal_fail(bad, "%s: softcap (%g) must be finite and > 0 (or 0: none)", op, softcap);
+    if ((s = opsmith_internal_cross_entropy_check_float_range(op, dtype, z_loss, softcap)) != OPSMITH_STATUS_SUCCESS)
+        return s;
     if (reduction < OPSMITH_CROSS_ENTROPY_REDUCTION_NONE || reduction > OPSMITH_CROSS_ENTROPY_REDUCTION_MEAN)
         return opsmith_internal_fail(bad, "%s: reduction (%d) must be 0 (none), 1 (sum) or 2 (mean)", op, reduction);
     if (loss_dtype != dtype && loss_dtype != opsmith_dtype_accumulate(dtype))
@@ -61,6 +80,17 @@ opsmith_status opsmith_internal_cross_entropy_fwd_check(const char *op, opsmith_
     if (!loss && (rows > 0 || reduction != OPSMITH_CROSS_ENTROPY_REDUCTION_NONE))
         return opsmith_internal_fail(bad, "%s: loss is NULL", op);
     if (need_error && !error) return opsmith_internal_fail(bad, "%s: error is NULL", op);
+    {
+        const size_t ls_size = opsmith_dtype_size(loss_dtype), acc = opsmith_dtype_size(opsmith_dtype_accumulate(dtype));
+        const struct { const char *name; const void *p; size_t align; } ptrs[] = {
+            {"loss", loss, ls_size}, {"z_out", z_out, ls_size}, {"lse", lse, acc}, {"weight", weight, acc},
+            {"error", error, 8},
+        };
+        for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++)
+            if (opsmith_internal_misaligned(ptrs[i].p, ptrs[i].align))
+                return opsmith_internal_fail(OPSMITH_STATUS_MISALIGNED, "%s: %s (%p) is not aligned to %zu bytes", op,
+                                             ptrs[i].name, ptrs[i].p, ptrs[i].align);
+    }
     s = opsmith_internal_check_workspace(op, workspace, workspace_bytes,
                                          opsmith_cross_entropy_fwd_workspace_size(dtype, rows, z_loss));
     if (s != OPSMITH_STATUS_SUCCESS) return s;

@@ -19,7 +19,13 @@ OPSMITH_INTERNAL opsmith_status opsmith_internal_cross_entropy_fwd_check(
     const int64_t *target, double label_smoothing, double z_loss, double softcap, int reduction,
     opsmith_dtype loss_dtype, const void *loss, const void *dlogits, int64_t dlogits_row_stride, const int64_t *error,
     int need_error, const void *workspace,
-    size_t workspace_bytes);
+    size_t workspace_bytes, const void *weight, const void *z_out, const void *lse);
+
+/* softcap and z_loss within float's range where the arithmetic is in float
+ * (dtype other than f64): a finite double past FLT_MAX narrows to inf, one
+ * under FLT_MIN to a subnormal whose reciprocal is inf */
+OPSMITH_INTERNAL opsmith_status opsmith_internal_cross_entropy_check_float_range(const char *op, opsmith_dtype dtype,
+                                                                                double z_loss, double softcap);
 
 /* Validates a backward call (grad in dtype or its accumulate type; dx is
  * dlogits exactly, or apart from it). */

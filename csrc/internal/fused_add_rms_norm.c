@@ -64,9 +64,9 @@ opsmith_status opsmith_internal_fused_add_rms_norm_bwd_check(
     int64_t n, const void *dy, int64_t dy_row_stride, const void *dh, int64_t dh_row_stride, const void *h,
     int64_t h_row_stride, const void *weight, double offset, opsmith_rms_norm_casting casting,
     const void *inv_rms, const void *dx, int64_t dx_row_stride, const void *dweight) {
-    opsmith_status s = opsmith_internal_rms_norm_check(op, x_dtype, weight_dtype, dy_dtype, rows, n, h, h_row_stride,
-                                                       1, dy, dy_row_stride, weight, offset, 0.0, casting, dx,
-                                                       dx_row_stride, inv_rms, dweight);
+    opsmith_status s = opsmith_internal_rms_norm_check_named(op, "h", x_dtype, weight_dtype, dy_dtype, rows, n, h,
+                                                             h_row_stride, 1, dy, dy_row_stride, weight, offset, 0.0,
+                                                             casting, dx, dx_row_stride, inv_rms, dweight);
     if (s != OPSMITH_STATUS_SUCCESS || rows == 0 || !dh) return s;
     const size_t xs = opsmith_dtype_size(x_dtype);
     const tensor_arg tdh = {"dh", dh, dh_row_stride}, tdx = {"dx", dx, dx_row_stride};

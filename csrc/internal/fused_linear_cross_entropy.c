@@ -2,6 +2,7 @@
  * workspace layout, shared by the CPU and CUDA launchers. */
 #include <math.h>
 
+#include "internal/cross_entropy.h"
 #include "internal/fused_linear_cross_entropy.h"
 
 #define DEFAULT_BUDGET ((size_t)512 << 20)
@@ -63,7 +64,7 @@ opsmith_status opsmith_internal_flce_check(const char *op, opsmith_dtype dtype, 
                                            int64_t vocab, const void *hidden, int64_t hidden_row_stride,
                                            const void *weight, const void *bias, const int64_t *target, double ls,
                                            double z_loss, double softcap, int reduction, int64_t *chunk_rows,
-                                           int fp32_dweight, const void *loss, const void *dhidden,
+                                           int fp32_dweight, const void *loss, const void *z_out, const void *dhidden,
                                            const void *dweight, const void *dbias, const int64_t *error, int cuda,
                                            const void *workspace, size_t workspace_bytes) {
     const opsmith_status bad = OPSMITH_STATUS_INVALID_ARGUMENT;
@@ -83,6 +84,8 @@ opsmith_status opsmith_internal_flce_check(const char *op, opsmith_dtype dtype, 
         return opsmith_internal_fail(bad, "%s: softcap (%g) must be finite and > 0 (or 0: none)", op, softcap);
     if (reduction != OPSMITH_CROSS_ENTROPY_REDUCTION_SUM && reduction != OPSMITH_CROSS_ENTROPY_REDUCTION_MEAN)
         return opsmith_internal_fail(bad, "%s: reduction (%d) must be 1 (sum) or 2 (mean)", op, reduction);
+    const opsmith_status range = opsmith_internal_cross_entropy_check_float_range(op, dtype, z_loss, softcap);
+    if (range != OPSMITH_STATUS_SUCCESS) return range;
     if (fp32_dweight != OPSMITH_FLCE_GRADS_IN_DTYPE && fp32_dweight != OPSMITH_FLCE_DWEIGHT_ACC_FLOAT32 &&
         fp32_dweight != OPSMITH_FLCE_GRADS_FLOAT32)
         return opsmith_internal_fail(bad, "%s: fp32_dweight (%d) must be 0, 1 or 2 (an opsmith_flce_grads)", op,
@@ -117,6 +120,9 @@ opsmith_status opsmith_internal_flce_check(const char *op, opsmith_dtype dtype, 
     const size_t acc = dtype == OPSMITH_DTYPE_F64 ? 8 : 4;
     if (opsmith_internal_misaligned(loss, acc))
         return opsmith_internal_fail(OPSMITH_STATUS_MISALIGNED, "%s: loss (%p) is not aligned to %zu bytes", op, loss,
+                                     acc);
+    if (opsmith_internal_misaligned(z_out, acc))
+        return opsmith_internal_fail(OPSMITH_STATUS_MISALIGNED, "%s: z_out (%p) is not aligned to %zu bytes", op, z_out,
                                      acc);
     if (opsmith_internal_misaligned(target, 8))
         return opsmith_internal_fail(OPSMITH_STATUS_MISALIGNED, "%s: target (%p) is not aligned to 8 bytes", op,

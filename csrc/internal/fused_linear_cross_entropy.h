@@ -41,7 +41,7 @@ OPSMITH_INTERNAL opsmith_status opsmith_internal_flce_check(
     const char *op, opsmith_dtype dtype, int64_t rows, int64_t dim, int64_t vocab, const void *hidden,
     int64_t hidden_row_stride, const void *weight, const void *bias, const int64_t *target, double label_smoothing,
     double z_loss, double softcap, int reduction, int64_t *chunk_rows, int fp32_dweight, const void *loss,
-    const void *dhidden, const void *dweight, const void *dbias, const int64_t *error, int cuda, const void *workspace,
+    const void *z_out, const void *dhidden, const void *dweight, const void *dbias, const int64_t *error, int cuda, const void *workspace,
     size_t workspace_bytes);
 
 #ifdef __cplusplus

@@ -25,6 +25,21 @@ opsmith_status opsmith_internal_layer_norm_check(const opsmith_layer_norm_args *
     if (n < 1) return opsmith_internal_fail(bad, "%s: n (%lld) must be >= 1", op, (long long)n);
     if (!(a->eps >= 0.0)) /* also rejects NaN */
         return opsmith_internal_fail(bad, "%s: eps (%g) must be >= 0", op, a->eps);
+    const size_t xsz = opsmith_dtype_size(a->x_dtype), wsz = opsmith_dtype_size(a->weight_dtype);
+    const size_t acc = opsmith_dtype_size(opsmith_dtype_accumulate(a->x_dtype));
+    const void *bias = a->backward ? NULL : a->bias;
+    const void *dweight = a->backward ? a->dweight : NULL, *dbias = a->backward ? a->dbias : NULL;
+    const void *dy = a->backward ? a->dy : NULL;
+    /* before the rows == 0 return: with no rows dweight and dbias are still written (zeros) */
+    const struct { const char *name; const void *p; size_t align; } ptrs[] = {
+        {"x", a->x, xsz}, {"dy", dy, xsz}, {"weight", a->weight, wsz}, {"bias", bias, wsz},
+        {out_name, a->out, xsz}, {"dweight", dweight, wsz}, {"dbias", dbias, wsz},
+        {"mean", a->mean, acc}, {"rstd", a->rstd, acc},
+    };
+    for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++)
+        if (opsmith_internal_misaligned(ptrs[i].p, ptrs[i].align))
+            return opsmith_internal_fail(OPSMITH_STATUS_MISALIGNED, "%s: %s (%p) is not aligned to %zu bytes", op,
+                                         ptrs[i].name, ptrs[i].p, ptrs[i].align);
     if (rows == 0) return OPSMITH_STATUS_SUCCESS;
     if (!a->x) return opsmith_internal_fail(bad, "%s: x is NULL", op);
     if (!a->out) return opsmith_internal_fail(bad, "%s: %s is NULL", op, out_name);
@@ -41,20 +56,6 @@ opsmith_status opsmith_internal_layer_norm_check(const opsmith_layer_norm_args *
         if (strides[i].present && rows > 1 && strides[i].stride < n)
             return opsmith_internal_fail(bad, "%s: %s (%lld) must be >= n (%lld) when rows > 1", op,
                                          strides[i].name, (long long)strides[i].stride, (long long)n);
-    const size_t xsz = opsmith_dtype_size(a->x_dtype), wsz = opsmith_dtype_size(a->weight_dtype);
-    const size_t acc = opsmith_dtype_size(opsmith_dtype_accumulate(a->x_dtype));
-    const void *bias = a->backward ? NULL : a->bias;
-    const void *dweight = a->backward ? a->dweight : NULL, *dbias = a->backward ? a->dbias : NULL;
-    const void *dy = a->backward ? a->dy : NULL;
-    const struct { const char *name; const void *p; size_t align; } ptrs[] = {
-        {"x", a->x, xsz}, {"dy", dy, xsz}, {"weight", a->weight, wsz}, {"bias", bias, wsz},
-        {out_name, a->out, xsz}, {"dweight", dweight, wsz}, {"dbias", dbias, wsz},
-        {"mean", a->mean, acc}, {"rstd", a->rstd, acc},
-    };
-    for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++)
-        if (opsmith_internal_misaligned(ptrs[i].p, ptrs[i].align))
-            return opsmith_internal_fail(OPSMITH_STATUS_MISALIGNED, "%s: %s (%p) is not aligned to %zu bytes", op,
-                                         ptrs[i].name, ptrs[i].p, ptrs[i].align);
     /* the output may be its one permitted input exactly (y = x forward,
      * dx = dy backward), and must be apart from every other tensor */
     const opsmith_span o = opsmith_internal_span(a->out, rows, n, a->out_row_stride, xsz);
@@ -70,14 +71,21 @@ opsmith_status opsmith_internal_layer_norm_check(const opsmith_layer_norm_args *
         {"dweight", dweight ? opsmith_internal_span(dweight, 1, n, n, wsz) : o, dweight != NULL},
         {"dbias", dbias ? opsmith_internal_span(dbias, 1, n, n, wsz) : o, dbias != NULL},
     };
+    const size_t permitted = a->backward ? 1 : 0; /* others[] index of the tensor the output may be */
     for (size_t i = 0; i < sizeof others / sizeof others[0]; i++) {
         if (!others[i].present || !opsmith_internal_overlap(o, others[i].s)) continue;
-        const int exact = (uintptr_t)may_alias == others[i].s.lo && a->out == may_alias &&
-                          a->out_row_stride == alias_stride;
+        const int exact = i == permitted && a->out == may_alias && a->out_row_stride == alias_stride;
         if (!exact)
             return opsmith_internal_fail(bad, "%s: %s overlaps %s; it may only be %s itself (same pointer and row stride)",
                                          op, out_name, others[i].name, a->backward ? "dy" : "x");
     }
+    /* the forward writes mean and rstd while x, weight and bias are read: apart from them and each other */
+    if (!a->backward)
+        for (size_t w = 4; w <= 5; w++)
+            for (size_t i = 0; i < w; i++)
+                if (others[i].present && opsmith_internal_overlap(others[w].s, others[i].s))
+                    return opsmith_internal_fail(bad, "%s: %s overlaps %s; they must be apart", op, others[w].name,
+                                                 others[i].name);
     /* dweight and dbias are written while the inputs are still read (on
      * CUDA a short batch's column blocks run beside the rows' blocks):
      * apart from every input, from dx and from each other */

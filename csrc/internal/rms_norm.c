@@ -20,6 +20,18 @@ opsmith_status opsmith_internal_rms_norm_check(const char *op, opsmith_dtype x_d
                                                int64_t dy_row_stride, const void *weight, double offset, double eps,
                                                opsmith_rms_norm_casting casting, const void *out,
                                                int64_t out_row_stride, const void *inv_rms, const void *dweight) {
+    return opsmith_internal_rms_norm_check_named(op, "x", x_dtype, weight_dtype, out_dtype, rows, n, x, x_row_stride,
+                                                 backward, dy, dy_row_stride, weight, offset, eps, casting, out,
+                                                 out_row_stride, inv_rms, dweight);
+}
+
+opsmith_status opsmith_internal_rms_norm_check_named(const char *op, const char *x_name, opsmith_dtype x_dtype,
+                                                     opsmith_dtype weight_dtype, opsmith_dtype out_dtype, int64_t rows,
+                                                     int64_t n, const void *x, int64_t x_row_stride, int backward,
+                                                     const void *dy, int64_t dy_row_stride, const void *weight,
+                                                     double offset, double eps, opsmith_rms_norm_casting casting,
+                                                     const void *out, int64_t out_row_stride, const void *inv_rms,
+                                                     const void *dweight) {
     const opsmith_status bad = OPSMITH_STATUS_INVALID_ARGUMENT;
     const char *out_name = backward ? "dx" : "y";
     const char *out_dtype_name = backward ? "dy_dtype" : "y_dtype";
@@ -47,35 +59,36 @@ opsmith_status opsmith_internal_rms_norm_check(const char *op, opsmith_dtype x_d
     if (n < 1) return opsmith_internal_fail(bad, "%s: n (%lld) must be >= 1", op, (long long)n);
     if (!(eps >= 0.0)) /* also rejects NaN */
         return opsmith_internal_fail(bad, "%s: eps (%g) must be >= 0", op, eps);
-    if (rows == 0) return OPSMITH_STATUS_SUCCESS;
-    if (!x) return opsmith_internal_fail(bad, "%s: x is NULL", op);
-    if (!out) return opsmith_internal_fail(bad, "%s: %s is NULL", op, out_name);
-    if (!inv_rms) return opsmith_internal_fail(bad, "%s: inv_rms is NULL", op);
-    if (backward && !dy) return opsmith_internal_fail(bad, "%s: dy is NULL", op);
-    /* rows may share storage (stride 0, as in an expanded tensor) only if
-     * there is one row; otherwise a row must not overlap the next */
-    const struct { const char *name; int64_t stride; int present; } strides[] = {
-        {"x_row_stride", x_row_stride, 1},
-        {"dy_row_stride", dy_row_stride, backward},
-        {backward ? "dx_row_stride" : "y_row_stride", out_row_stride, 1},
-    };
-    for (size_t i = 0; i < sizeof strides / sizeof strides[0]; i++)
-        if (strides[i].present && rows > 1 && strides[i].stride < n)
-            return opsmith_internal_fail(bad, "%s: %s (%lld) must be >= n (%lld) when rows > 1", op,
-                                         strides[i].name, (long long)strides[i].stride, (long long)n);
     const size_t x_size = opsmith_dtype_size(x_dtype), w_size = opsmith_dtype_size(weight_dtype);
     const size_t o_size = opsmith_dtype_size(out_dtype);
     /* the sizes of y (forward) or dy (backward), and of the output written */
     const size_t dy_size = backward ? o_size : x_size, out_size = backward ? x_size : o_size;
     const size_t acc_size = opsmith_dtype_size(opsmith_dtype_accumulate(x_dtype));
+    /* before the rows == 0 return: with no rows dweight is still written (zeros) */
     const struct { const char *name; const void *p; size_t align; } ptrs[] = {
-        {"x", x, x_size}, {"dy", dy, dy_size}, {"weight", weight, w_size}, {out_name, out, out_size},
+        {x_name, x, x_size}, {"dy", dy, dy_size}, {"weight", weight, w_size}, {out_name, out, out_size},
         {"dweight", dweight, w_size}, {"inv_rms", inv_rms, acc_size},
     };
     for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++)
         if (opsmith_internal_misaligned(ptrs[i].p, ptrs[i].align))
             return opsmith_internal_fail(OPSMITH_STATUS_MISALIGNED, "%s: %s (%p) is not aligned to %zu bytes",
                                          op, ptrs[i].name, ptrs[i].p, ptrs[i].align);
+    if (rows == 0) return OPSMITH_STATUS_SUCCESS;
+    if (!x) return opsmith_internal_fail(bad, "%s: %s is NULL", op, x_name);
+    if (!out) return opsmith_internal_fail(bad, "%s: %s is NULL", op, out_name);
+    if (!inv_rms) return opsmith_internal_fail(bad, "%s: inv_rms is NULL", op);
+    if (backward && !dy) return opsmith_internal_fail(bad, "%s: dy is NULL", op);
+    /* rows may share storage (stride 0, as in an expanded tensor) only if
+     * there is one row; otherwise a row must not overlap the next */
+    const struct { const char *name; int64_t stride; int present; } strides[] = {
+        {x_name, x_row_stride, 1},
+        {"dy", dy_row_stride, backward},
+        {out_name, out_row_stride, 1},
+    };
+    for (size_t i = 0; i < sizeof strides / sizeof strides[0]; i++)
+        if (strides[i].present && rows > 1 && strides[i].stride < n)
+            return opsmith_internal_fail(bad, "%s: %s_row_stride (%lld) must be >= n (%lld) when rows > 1", op,
+                                         strides[i].name, (long long)strides[i].stride, (long long)n);
     /* the output may be its one permitted input exactly (y = x forward,
      * dx = dy backward) when the two have one dtype, and must be apart from
      * every other */
@@ -84,24 +97,34 @@ opsmith_status opsmith_internal_rms_norm_check(const char *op, opsmith_dtype x_d
     const int64_t alias_stride = backward ? dy_row_stride : x_row_stride;
     const int same_dtype = out_dtype == x_dtype; /* y and x, or dx and dy */
     const struct { const char *name; opsmith_span s; int present; } inputs[] = {
-        {"x", opsmith_internal_span(x, rows, n, x_row_stride, x_size), 1},
+        {x_name, opsmith_internal_span(x, rows, n, x_row_stride, x_size), 1},
         {"dy", backward ? opsmith_internal_span(dy, rows, n, dy_row_stride, dy_size) : o, backward},
         {"weight", weight ? opsmith_internal_span(weight, 1, n, n, w_size) : o, weight != NULL},
     };
+    const size_t permitted = backward ? 1 : 0; /* inputs[] index of the tensor the output may be */
     for (size_t i = 0; i < sizeof inputs / sizeof inputs[0]; i++) {
         if (!inputs[i].present || !opsmith_internal_overlap(o, inputs[i].s)) continue;
-        const int exact = same_dtype && (uintptr_t)may_alias == inputs[i].s.lo && out == may_alias &&
-                          out_row_stride == alias_stride;
+        const int exact = i == permitted && same_dtype && out == may_alias && out_row_stride == alias_stride;
         if (!exact)
             return opsmith_internal_fail(bad, "%s: %s overlaps %s; it may only be %s itself (same pointer, row stride and dtype)",
-                                         op, out_name, inputs[i].name, backward ? "dy" : "x");
+                                         op, out_name, inputs[i].name, backward ? "dy" : x_name);
+    }
+    /* the forward writes inv_rms while x and the weight are read and y written */
+    if (!backward) {
+        const opsmith_span r = opsmith_internal_span(inv_rms, 1, rows, rows, acc_size);
+        const struct { const char *name; opsmith_span s; int present; } apart[] = {
+            {x_name, inputs[0].s, 1}, {"weight", inputs[2].s, weight != NULL}, {out_name, o, 1},
+        };
+        for (size_t i = 0; i < sizeof apart / sizeof apart[0]; i++)
+            if (apart[i].present && opsmith_internal_overlap(r, apart[i].s))
+                return opsmith_internal_fail(bad, "%s: inv_rms overlaps %s; they must be apart", op, apart[i].name);
     }
     /* dweight is written while the inputs are still read (on CUDA a short
      * batch's column blocks run beside the rows' blocks): apart from all */
     if (backward && weight && dweight) {
         const opsmith_span dw = opsmith_internal_span(dweight, 1, n, n, w_size);
         const struct { const char *name; opsmith_span s; } read[] = {
-            {"x", inputs[0].s}, {"dy", inputs[1].s}, {"weight", inputs[2].s}, {out_name, o},
+            {x_name, inputs[0].s}, {"dy", inputs[1].s}, {"weight", inputs[2].s}, {out_name, o},
             {"inv_rms", opsmith_internal_span(inv_rms, 1, rows, rows, acc_size)},
         };
         for (size_t i = 0; i < sizeof read / sizeof read[0]; i++)

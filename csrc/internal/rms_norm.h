@@ -21,6 +21,13 @@ OPSMITH_INTERNAL opsmith_status opsmith_internal_rms_norm_check(
     const void *weight, double offset, double eps, opsmith_rms_norm_casting casting, const void *out,
     int64_t out_row_stride, const void *inv_rms, const void *dweight);
 
+/* The same, x named x_name in the messages (the residual-add backward's h). */
+OPSMITH_INTERNAL opsmith_status opsmith_internal_rms_norm_check_named(
+    const char *op, const char *x_name, opsmith_dtype x_dtype, opsmith_dtype weight_dtype, opsmith_dtype out_dtype,
+    int64_t rows, int64_t n, const void *x, int64_t x_row_stride, int backward, const void *dy,
+    int64_t dy_row_stride, const void *weight, double offset, double eps, opsmith_rms_norm_casting casting,
+    const void *out, int64_t out_row_stride, const void *inv_rms, const void *dweight);
+
 /* dweight partial sums of the CPU backward go through a fixed number of
  * row chunks, summed in a fixed order: the result does not depend on the
  * thread count. */

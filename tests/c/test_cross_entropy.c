@@ -443,6 +443,25 @@ static void test_bad_args(void)
            "partial alias");
     expect(FWD(2, 4, (char *)x + 1, 4, t, 0, 0, 0, MEAN, loss, dl, 4, ws, sizeof ws), OPSMITH_STATUS_MISALIGNED,
            "logits (", "misaligned logits");
+    /* every pointer's alignment, the scalar outputs' and the class weights' too */
+    expect(FWD(2, 4, x, 4, t, 0, 0, 0, MEAN, (char *)loss + 1, dl, 4, ws, sizeof ws), OPSMITH_STATUS_MISALIGNED,
+           "loss (", "misaligned loss");
+    expect(opsmith_cross_entropy_fwd_cpu(F32, 2, 4, x, 4, t, 1, NULL, -100, 0, 0, 0, MEAN, F32, loss,
+                                         (char *)loss + 1, NULL, dl, 4, NULL, ws, sizeof ws),
+           OPSMITH_STATUS_MISALIGNED, "z_out (", "misaligned z_out");
+    expect(opsmith_cross_entropy_fwd_cpu(F32, 2, 4, x, 4, t, 1, NULL, -100, 0, 0, 0, MEAN, F32, loss, NULL,
+                                         (char *)dl + 2, NULL, 4, NULL, ws, sizeof ws),
+           OPSMITH_STATUS_MISALIGNED, "lse (", "misaligned lse");
+    expect(opsmith_cross_entropy_fwd_cpu(F32, 2, 4, x, 4, t, 1, (char *)dl + 1, -100, 0, 0, 0, MEAN, F32, loss, NULL,
+                                         NULL, NULL, 4, NULL, ws, sizeof ws),
+           OPSMITH_STATUS_MISALIGNED, "weight (", "misaligned weight");
+    /* softcap and z_loss narrowed to float for float logits: within its range */
+    expect(FWD(2, 4, x, 4, t, 0, 0, 1e39, MEAN, loss, dl, 4, ws, sizeof ws), INVALID, "softcap (1e+39) must be 0 or within",
+           "softcap past FLT_MAX");
+    expect(FWD(2, 4, x, 4, t, 0, 0, 1e-40, MEAN, loss, dl, 4, ws, sizeof ws), INVALID, "softcap (1e-40) must be 0 or within",
+           "softcap under FLT_MIN");
+    expect(FWD(2, 4, x, 4, t, 0, 1e39, 0, MEAN, loss, dl, 4, ws, sizeof ws), INVALID, "z_loss (1e+39) must be <=",
+           "z_loss past FLT_MAX");
     expect(opsmith_cross_entropy_fwd_cpu(OPSMITH_DTYPE_I32, 2, 4, x, 4, t, 1, NULL, -100, 0, 0, 0, MEAN,
                                          OPSMITH_DTYPE_I32, loss, NULL, NULL, NULL, 4, NULL, ws, sizeof ws),
            OPSMITH_STATUS_UNSUPPORTED_DTYPE, "i32", "integer dtype");

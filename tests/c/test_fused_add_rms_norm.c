@@ -202,6 +202,17 @@ static void check_bad_arguments(void)
     expect_error(opsmith_fused_add_rms_norm_bwd_cpu(f, f, f, 2, 8, NULL, 8, r, 8, h, 8, w, 0, none, inv, dx, 8, dw, ws,
                                                     sizeof ws),
                  OPSMITH_STATUS_INVALID_ARGUMENT, "dy is NULL", "no dy");
+    /* the backward's messages name h (its normalised input), not x */
+    expect_error(opsmith_fused_add_rms_norm_bwd_cpu(f, f, f, 2, 8, dy, 8, r, 8, NULL, 8, w, 0, none, inv, dx, 8, dw, ws,
+                                                    sizeof ws),
+                 OPSMITH_STATUS_INVALID_ARGUMENT, "h is NULL", "no h");
+    expect_error(opsmith_fused_add_rms_norm_bwd_cpu(f, f, f, 2, 8, dy, 8, r, 8, h, 4, w, 0, none, inv, dx, 8, dw, ws,
+                                                    sizeof ws),
+                 OPSMITH_STATUS_INVALID_ARGUMENT, "h_row_stride (4) must be >= n", "h rows overlap");
+    /* dx may be dy, but not when dy is h too: h is read after dx's block is written */
+    expect_error(opsmith_fused_add_rms_norm_bwd_cpu(f, f, f, 2, 8, dy, 8, r, 8, dy, 8, w, 0, none, inv, dy, 8, dw, ws,
+                                                    sizeof ws),
+                 OPSMITH_STATUS_INVALID_ARGUMENT, "dx overlaps h", "dx = dy = h");
     expect_error(opsmith_fused_add_rms_norm_fwd_cuda(f, f, f, 2, 8, x, 8, r, 8, w, 0, -1.0, none, y, 8, h, 8, inv, NULL),
                  TEST_CUDA ? OPSMITH_STATUS_INVALID_ARGUMENT : OPSMITH_STATUS_CUDA_UNAVAILABLE,
                  TEST_CUDA ? "eps (-1) must be >= 0" : "built without CUDA", "CUDA launcher's checks");

@@ -329,6 +329,12 @@ static void test_bad_args(void)
     expect(opsmith_fused_linear_cross_entropy_fwd_cpu(OPSMITH_DTYPE_I32, 4, 4, 4, h, 4, w, NULL, t, 1, -100, 0, 0, 0,
                                                       MEAN, 0, 0, loss, NULL, dh, NULL, NULL, NULL, ws, wb),
            OPSMITH_STATUS_UNSUPPORTED_DTYPE, "i32", "integer dtype");
+    expect(opsmith_fused_linear_cross_entropy_fwd_cpu(F32, 4, 4, 4, h, 4, w, NULL, t, 1, -100, 0, 0, 0, MEAN, 0, 0, loss,
+                                                      (char *)loss + 1, dh, NULL, NULL, NULL, ws, wb),
+           OPSMITH_STATUS_MISALIGNED, "z_out (", "misaligned z_out");
+    expect(opsmith_fused_linear_cross_entropy_fwd_cpu(F32, 4, 4, 4, h, 4, w, NULL, t, 1, -100, 0, 0, 1e39, MEAN, 0, 0,
+                                                      loss, NULL, dh, NULL, NULL, NULL, ws, wb),
+           INVALID, "softcap (1e+39) must be 0 or within", "softcap past FLT_MAX");
     expect(opsmith_fused_linear_cross_entropy_fwd_cpu(F32, 4, 4, 4, h, 4, w, NULL, t, 1, -100, 0, 0, 0, MEAN, 0, 3, loss,
                                                       NULL, dh, NULL, NULL, NULL, ws, wb),
            INVALID, "fp32_dweight (3) must be 0, 1 or 2", "fp32_dweight 3");

@@ -598,6 +598,11 @@ static void ln_bad_args(int cuda, const ln_call *base)
     LN_EXPECT(ln_call_fwd, y = (void *)base->x; a_.ys = 5, INVALID, "y overlaps x");
     LN_EXPECT(ln_call_fwd, y = (void *)base->b; a_.rows = 1, INVALID, "y overlaps bias");
     LN_EXPECT(ln_call_fwd, mean = base->y, INVALID, "y overlaps mean");
+    /* y may be x, but a weight that is x too is read by every row while y is written */
+    LN_EXPECT(ln_call_fwd, y = (void *)base->x; a_.w = base->x, INVALID, "y overlaps weight");
+    /* mean and rstd are written beside y: apart from the inputs and each other */
+    LN_EXPECT(ln_call_fwd, rstd = base->mean, INVALID, "rstd overlaps mean");
+    LN_EXPECT(ln_call_fwd, mean = (void *)base->x, INVALID, "mean overlaps x");
 
     LN_EXPECT(ln_call_bwd, rows = 2, OK, "");
     LN_EXPECT(ln_call_bwd, rows = 0, OK, "");
@@ -609,6 +614,8 @@ static void ln_bad_args(int cuda, const ln_call *base)
     LN_EXPECT(ln_call_bwd, dx = NULL, INVALID, "dx is NULL");
     LN_EXPECT(ln_call_bwd, dys = 3, INVALID, "dy_row_stride (3)");
     LN_EXPECT(ln_call_bwd, dxs = 3, INVALID, "dx_row_stride (3)");
+    /* no rows: dweight and dbias are still written (zeros), so their alignment is still checked */
+    LN_EXPECT(ln_call_bwd, rows = 0; a_.dw = (char *)base->dw + 1, MISALIGNED, "dweight (");
     LN_EXPECT(ln_call_bwd, xd = OPSMITH_DTYPE_COUNT, DTYPE, "x_dtype");
     LN_EXPECT(ln_call_bwd, wd = OPSMITH_DTYPE_I32, DTYPE, "weight_dtype");
     LN_EXPECT(ln_call_bwd, dy = (const char *)base->dy + 1, MISALIGNED, "dy (");

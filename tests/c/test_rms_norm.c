@@ -385,6 +385,12 @@ void test_bad_args(int cuda, const call_args *base)
     EXPECT(call_fwd, y = (char *)base->x + es; a_.rows = 1, INVALID, "y overlaps x");
     EXPECT(call_fwd, y = (void *)base->x; a_.ys = 5, INVALID, "y overlaps x");
     EXPECT(call_fwd, y = (void *)base->w, INVALID, "y overlaps weight");
+    /* y may be x, but a weight that is x too is read by every row while y is written */
+    EXPECT(call_fwd, y = (void *)base->x; a_.w = base->x, INVALID, "y overlaps weight");
+    /* inv_rms is written beside y: apart from x, the weight and y */
+    EXPECT(call_fwd, inv = (void *)base->x, INVALID, "inv_rms overlaps x");
+    EXPECT(call_fwd, inv = (void *)base->w, INVALID, "inv_rms overlaps weight");
+    EXPECT(call_fwd, inv = base->y, INVALID, "inv_rms overlaps y");
 
     EXPECT(call_bwd, rows = 2, OK, "");
     EXPECT(call_bwd, rows = 0, OK, "");
@@ -410,6 +416,8 @@ void test_bad_args(int cuda, const call_args *base)
     EXPECT(call_bwd, dw = (void *)base->dy, INVALID, "dweight overlaps dy");
     EXPECT(call_bwd, dw = base->dx, INVALID, "dweight overlaps dx");
     EXPECT(call_bwd, dw = (void *)base->inv_in, INVALID, "dweight overlaps inv_rms");
+    /* no rows: dweight is still written (zeros), so its alignment is still checked */
+    EXPECT(call_bwd, rows = 0; a_.dw = (char *)base->dw + 1, MISALIGNED, "dweight (");
     /* the workspace rules of opsmith.h, on both backends */
     EXPECT(call_bwd, ws_bytes = base->ws_bytes - 1, SMALL, "workspace_bytes");
     EXPECT(call_bwd, ws = NULL, INVALID, "workspace is NULL");
