@@ -119,7 +119,6 @@ class AdamW(torch.optim.Optimizer):
         self.last_grad_norm: Optional[Tensor] = None
         # per group: the lists of the last step's buckets (see _buckets)
         self._bucket_cache: Dict[int, Any] = {}
-        self._bucket_table = (None, None)
         self._state_version = 0
 
     def __setstate__(self, state):
@@ -132,7 +131,6 @@ class AdamW(torch.optim.Optimizer):
         self.__dict__.setdefault("max_grad_norm", None)
         self.__dict__.setdefault("last_grad_norm", None)
         self.__dict__["_bucket_cache"] = {}
-        self.__dict__["_bucket_table"] = (None, None)
         self.__dict__["_state_version"] = self.__dict__.get("_state_version", 0) + 1
 
     def _init_state(self, p: Tensor, group) -> Dict[str, Any]:
@@ -177,20 +175,24 @@ class AdamW(torch.optim.Optimizer):
         self.last_grad_norm = norm
         return torch.clamp(self.max_grad_norm / (norm + 1e-6), max=1.0)
 
-    def _state_still(self, buckets) -> bool:
-        """Whether self.state still holds every cached bucket's state: each
-        param's state dict (opt.state[p] = {...}, del opt.state[p], a new
-        opt.state: the table's change count, or param by param for a table
-        the caller assigned) and in it each tensor the bucket steps
-        (.clear(), a fresh exp_avg). A state changed for any param, the
-        first or the thousandth, makes the buckets again. Passes over the
-        lists through map (no Python loop a param)."""
-        table, changes = self._bucket_table
-        same_dicts = changes is not None and self.state is table and table.changes == changes
-        get = self.state.get
-        for b in buckets:
-            if not same_dicts and not all(map(is_, map(get, b["p"]), b["d"])):
+    def _state_still(self, cached) -> bool:
+        """Whether self.state still holds a group's cached buckets' state:
+        each param's state dict (opt.state[p] = {...}, del opt.state[p], a
+        new opt.state: the table's change count since the group's check, or
+        param by param when it moved or the caller assigned the table) and
+        in it each tensor the buckets step (.clear(), a fresh exp_avg). A
+        state changed for any param, the first or the thousandth, makes the
+        buckets again. Passes over the lists through map (no Python loop a
+        param)."""
+        _, buckets, table, changes = cached
+        state = self.state
+        now = getattr(state, "changes", None)
+        if not (now is not None and state is table and now == changes):
+            get = state.get
+            if not all(all(map(is_, map(get, b["p"]), b["d"])) for b in buckets):
                 return False
+            cached[2], cached[3] = state, now  # checked at this count
+        for b in buckets:
             for field, key in _STATE_FIELDS:
                 if b[field] and not all(map(is_, map(dict.get, b["d"], repeat(key)), b[field])):
                     return False
@@ -207,7 +209,7 @@ class AdamW(torch.optim.Optimizer):
         with_grad = [p.grad is not None and id(p) for p in params]
         key = (with_grad, group["amsgrad"], group["master_weights"], self._state_version)
         cached = self._bucket_cache.get(gi)
-        if cached is not None and cached[0] == key and self._state_still(cached[1]):
+        if cached is not None and cached[0] == key and self._state_still(cached):
             return cached[1]
         by_key: Dict[Any, Dict[str, Any]] = {}
         for p, g in zip(params, with_grad):
@@ -231,10 +233,8 @@ class AdamW(torch.optim.Optimizer):
         for (device, _, grad_dtype, has_master), b in by_key.items():
             b["device"], b["grad_dtype"], b["has_master"] = device, grad_dtype, has_master
             buckets.append(b)
-        self._bucket_cache[gi] = (key, buckets)
-        # the state dicts the buckets were made from (see _state_still); any
-        # group's build may have added entries
-        self._bucket_table = (self.state, getattr(self.state, "changes", None))
+        # the table and its change count the buckets' state dicts were read at (_state_still)
+        self._bucket_cache[gi] = [key, buckets, self.state, getattr(self.state, "changes", None)]
         return buckets
 
     @torch.no_grad()

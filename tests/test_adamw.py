@@ -160,6 +160,25 @@ def test_state_reset_by_the_caller(reset):
         assert float(ours.state[p]["step"]) == float(theirs.state[q]["step"])
 
 
+def test_state_reset_in_a_group_after_one_rebuilt():
+    # one step both rebuilds group 0's buckets (a grad gone) and finds group
+    # 1's middle param with a new state dict: group 0's rebuild must not hide
+    # group 1's change
+    pa = make_params(SHAPES, "cpu")
+    pb = clone_params(pa)
+    half = len(SHAPES) // 2
+    ours = AdamW([{"params": pa[:half]}, {"params": pa[half:]}], lr=1e-2)
+    theirs = torch.optim.AdamW([{"params": pb[:half]}, {"params": pb[half:]}], lr=1e-2)
+    for s in range(4):
+        skip = (0,) if s == 2 else ()
+        set_grads(pa, s, skip=skip), set_grads(pb, s, skip=skip)
+        if s == 2:
+            for opt in (ours, theirs):
+                opt.state[opt.param_groups[1]["params"][1]] = {}
+        ours.step(), theirs.step()
+    assert_close_params(pa, pb)
+
+
 def test_param_swapped_into_a_group():
     # a param replaced in place in a group's list (the count of params with
     # grads unchanged) is the one stepped, with fresh state, as by torch

@@ -25,8 +25,17 @@ size_t opsmith_cross_entropy_fwd_workspace_size(opsmith_dtype dtype, int64_t row
     return (bytes + OPSMITH_WORKSPACE_ALIGNMENT - 1) / OPSMITH_WORKSPACE_ALIGNMENT * OPSMITH_WORKSPACE_ALIGNMENT;
 }
 
-opsmith_status opsmith_internal_cross_entropy_check_float_range(const char *op, opsmith_dtype dtype, double z_loss,
-                                                               double softcap) {
+opsmith_status opsmith_internal_cross_entropy_check_options(const char *op, opsmith_dtype dtype, double ls,
+                                                           double z_loss, double softcap) {
+    const opsmith_status bad = OPSMITH_STATUS_INVALID_ARGUMENT;
+    if (!(ls >= 0.0 && ls <= 1.0))
+        return opsmith_internal_fail(bad, "%s: label_smoothing (%g) must be in [0, 1]", op, ls);
+    if (!(z_loss >= 0.0 && isfinite(z_loss)))
+        return opsmith_internal_fail(bad, "%s: z_loss (%g) must be finite and >= 0", op, z_loss);
+    if (!(softcap >= 0.0 && isfinite(softcap)))
+        return opsmith_internal_fail(bad, "%s: softcap (%g) must be finite and > 0 (or 0: none)", op, softcap);
+    /* narrowed to float where the arithmetic is in float: a finite double past
+     * FLT_MAX becomes inf, one under FLT_MIN a subnormal whose reciprocal is inf */
     if (dtype == OPSMITH_DTYPE_F64) return OPSMITH_STATUS_SUCCESS;
     if (softcap != 0.0 && !(softcap >= FLT_MIN && softcap <= FLT_MAX))
         return opsmith_internal_fail(OPSMITH_STATUS_INVALID_ARGUMENT,
@@ -62,13 +71,7 @@ opsmith_status opsmith_internal_cross_entropy_fwd_check(const char *op, opsmith_
     opsmith_internal_clear_error();
     opsmith_status s = check_float(op, dtype, rows, n);
     if (s != OPSMITH_STATUS_SUCCESS) return s;
-    if (!(ls >= 0.0 && ls <= 1.0))
-        return opsmith_internal_fail(bad, "%s: label_smoothing (%g) must be in [0, 1]", op, ls);
-    if (!(z_loss >= 0.0 && isfinite(z_loss)))
-        return opsmith_internal_fail(bad, "%s: z_loss (%g) must be finite and >= 0", op, z_loss);
-    if (!(softcap >= 0.0 && isfinite(softcap)))
-        return opsmith_internal_fail(bad, "%s: softcap (%g) must be finite and > 0 (or 0: none)", op, softcap);
-    if ((s = opsmith_internal_cross_entropy_check_float_range(op, dtype, z_loss, softcap)) != OPSMITH_STATUS_SUCCESS)
+    if ((s = opsmith_internal_cross_entropy_check_options(op, dtype, ls, z_loss, softcap)) != OPSMITH_STATUS_SUCCESS)
         return s;
     if (reduction < OPSMITH_CROSS_ENTROPY_REDUCTION_NONE || reduction > OPSMITH_CROSS_ENTROPY_REDUCTION_MEAN)
         return opsmith_internal_fail(bad, "%s: reduction (%d) must be 0 (none), 1 (sum) or 2 (mean)", op, reduction);

@@ -21,11 +21,12 @@ OPSMITH_INTERNAL opsmith_status opsmith_internal_cross_entropy_fwd_check(
     int need_error, const void *workspace,
     size_t workspace_bytes, const void *weight, const void *z_out, const void *lse);
 
-/* softcap and z_loss within float's range where the arithmetic is in float
- * (dtype other than f64): a finite double past FLT_MAX narrows to inf, one
- * under FLT_MIN to a subnormal whose reciprocal is inf */
-OPSMITH_INTERNAL opsmith_status opsmith_internal_cross_entropy_check_float_range(const char *op, opsmith_dtype dtype,
-                                                                                double z_loss, double softcap);
+/* The options cross_entropy and fused_linear_cross_entropy share:
+ * label_smoothing in [0, 1], z_loss and softcap finite and >= 0, and both
+ * within float's range where the arithmetic is in float (dtype other than
+ * f64). */
+OPSMITH_INTERNAL opsmith_status opsmith_internal_cross_entropy_check_options(const char *op, opsmith_dtype dtype,
+                                                                            double ls, double z_loss, double softcap);
 
 /* Validates a backward call (grad in dtype or its accumulate type; dx is
  * dlogits exactly, or apart from it). */

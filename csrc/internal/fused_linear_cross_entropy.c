@@ -76,16 +76,10 @@ opsmith_status opsmith_internal_flce_check(const char *op, opsmith_dtype dtype, 
     if (rows < 0) return opsmith_internal_fail(bad, "%s: rows (%lld) must be >= 0", op, (long long)rows);
     if (dim < 1) return opsmith_internal_fail(bad, "%s: dim (%lld) must be >= 1", op, (long long)dim);
     if (vocab < 1) return opsmith_internal_fail(bad, "%s: vocab (%lld) must be >= 1", op, (long long)vocab);
-    if (!(ls >= 0.0 && ls <= 1.0))
-        return opsmith_internal_fail(bad, "%s: label_smoothing (%g) must be in [0, 1]", op, ls);
-    if (!(z_loss >= 0.0 && isfinite(z_loss)))
-        return opsmith_internal_fail(bad, "%s: z_loss (%g) must be finite and >= 0", op, z_loss);
-    if (!(softcap >= 0.0 && isfinite(softcap)))
-        return opsmith_internal_fail(bad, "%s: softcap (%g) must be finite and > 0 (or 0: none)", op, softcap);
+    const opsmith_status options = opsmith_internal_cross_entropy_check_options(op, dtype, ls, z_loss, softcap);
+    if (options != OPSMITH_STATUS_SUCCESS) return options;
     if (reduction != OPSMITH_CROSS_ENTROPY_REDUCTION_SUM && reduction != OPSMITH_CROSS_ENTROPY_REDUCTION_MEAN)
         return opsmith_internal_fail(bad, "%s: reduction (%d) must be 1 (sum) or 2 (mean)", op, reduction);
-    const opsmith_status range = opsmith_internal_cross_entropy_check_float_range(op, dtype, z_loss, softcap);
-    if (range != OPSMITH_STATUS_SUCCESS) return range;
     if (fp32_dweight != OPSMITH_FLCE_GRADS_IN_DTYPE && fp32_dweight != OPSMITH_FLCE_DWEIGHT_ACC_FLOAT32 &&
         fp32_dweight != OPSMITH_FLCE_GRADS_FLOAT32)
         return opsmith_internal_fail(bad, "%s: fp32_dweight (%d) must be 0, 1 or 2 (an opsmith_flce_grads)", op,
