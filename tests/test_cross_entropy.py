@@ -610,6 +610,27 @@ def test_compile_fullgraph(device):
     torch._dynamo.reset()
 
 
+def test_compile_a_softcap_that_changes():
+    # a softcap that is a module attribute (dynamic=True) or changes between
+    # calls reaches the check as a symbolic float: fullgraph must hold
+    from torch._dynamo.testing import CompileCounterWithBackend
+    from opsmith.nn import FusedLinearCrossEntropyLoss
+
+    x, t, _ = make(8, 50, torch.float32, "cpu")
+    for dynamic in (True, None):
+        torch._dynamo.reset()
+        m = CrossEntropyLoss(softcap=30.0)
+        head = FusedLinearCrossEntropyLoss(torch.randn(50, 16), softcap=30.0)
+        cm = torch.compile(m, backend=CompileCounterWithBackend("aot_eager"), fullgraph=True, dynamic=dynamic)
+        ch = torch.compile(head, backend=CompileCounterWithBackend("aot_eager"), fullgraph=True, dynamic=dynamic)
+        h = torch.randn(8, 16)
+        for cap in (30.0, 20.0, 10.0):
+            m.softcap = head.softcap = cap
+            torch.testing.assert_close(cm(x, t), cross_entropy(x, t, softcap=cap))
+            torch.testing.assert_close(ch(h, t), opsmith.fused_linear_cross_entropy(h, head.weight, t, softcap=cap))
+    torch._dynamo.reset()
+
+
 @CUDA
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 def test_cuda_graph_capture(dtype):

@@ -389,3 +389,31 @@ def test_aot_inductor_package(tmp_path):
     with torch.no_grad():
         want = model(x)
     torch.testing.assert_close(loaded(x), want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("spec", ALL_SPECS, ids=lambda s: s.name)
+def test_compile_dynamic_one_graph_for_every_row_count(spec):
+    # dynamic=True with gradients: a new row count (tokens, sequence length)
+    # must reuse the graph, so nothing on the op's path (its autograd node
+    # included) may read a concrete size and guard on it.
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(lambda args: spec.call(args), backend=counter, dynamic=True)
+    gen = generator()
+    first = None
+    for shape in ((4, 8, 96), (4, 11, 96), (4, 13, 96)):
+        inputs = spec.make_inputs(shape, torch.float32, "cpu", gen)
+        dys = dys_for(spec, inputs, gen)
+        outs_c, grads_c = run_op(compiled, spec, inputs, dys)
+        outs_e, grads_e = run_op(spec.call, spec, inputs, dys)
+        tol = spec.tolerance(torch.float32)
+        for (k, c), (_, e) in zip(outs_c, outs_e):
+            assert_close(c, e, tol, f"compiled {k} at {shape}")
+        assert set(grads_c) == set(grads_e) and bool(grads_c) == bool(spec.grad_inputs)
+        for k in grads_c:
+            assert_close(grads_c[k], grads_e[k], grad_tol(spec, k, tol), f"compiled grad {k} at {shape}")
+        first = first or counter.frame_count
+        assert counter.frame_count == first, f"a new row count compiled again: {shape}"
+    torch._dynamo.reset()

@@ -69,7 +69,7 @@ def _row_center_backward(ctx, gy, gm):
     xa, wa = _acc(x), _acc(w)
     gyw = _acc(gy) * wa
     dx = gyw - gyw.mean(-1, keepdim=True) + (_acc(gm) / n).unsqueeze(-1)
-    dw = (_acc(gy) * (xa - xa.mean(-1, keepdim=True))).reshape(x.shape[:-1].numel(), n).sum(0)
+    dw = (_acc(gy) * (xa - xa.mean(-1, keepdim=True))).reshape(-1, n).sum(0)  # -1: no guard on the row count
     return dx.to(x.dtype), dw.to(w.dtype)
 
 

@@ -239,13 +239,14 @@ struct FusedLinearCrossEntropyBackward : public torch::autograd::Node {
             size_t k = 0;
             for (const at::Tensor &d : saved) {
                 if (!d.defined()) continue;
-                // as (rows, n) for cross_entropy's backward: dbias is one row
-                at::Tensor d2 = d.dim() == 1 ? d.view({1, d.size(0)}) : d;
+                // as (rows, n) for cross_entropy's backward: dbias is one row (symbolic
+                // sizes, so that torch.compile does not specialise on the token count)
+                at::Tensor d2 = d.dim() == 1 ? d.view_symint({1, d.sym_size(0)}) : d;
                 if (inplace && !at::isTensorSubclassLike(d) && d.is_contiguous()) {
                     scale_inplace_op().call(g, d2);
                     out[k++] = d;
                 } else {
-                    out[k++] = scale_op().call(g, d2).view(d.sizes());
+                    out[k++] = scale_op().call(g, d2).view_symint(d.sym_sizes());
                 }
             }
         }

@@ -269,14 +269,14 @@ struct RotaryBackward : public torch::autograd::Node {
     bool transpose_ = true, has_pos_ = false, has_k_ = false, interleaved_ = false;
     std::optional<int64_t> rotary_dim_;
     std::string layout_;
-    std::vector<int64_t> q_shape_;
+    std::vector<c10::SymInt> q_shape_; // symbolic under torch.compile: no guard on q's shape
     at::TensorOptions q_options_;
 
     variable_list apply(variable_list &&grads) override {
         at::Tensor dq_out = grads[0];
         const at::Tensor dk_out = grads.size() > 1 ? grads[1] : at::Tensor();
         if (!dq_out.defined() && !dk_out.defined()) return {at::Tensor(), at::Tensor()};
-        if (!dq_out.defined()) dq_out = at::zeros(q_shape_, q_options_); // k's gradient alone was asked for
+        if (!dq_out.defined()) dq_out = at::zeros_symint(q_shape_, q_options_); // k's gradient alone was asked for
         const std::optional<at::Tensor> pos = has_pos_ ? std::optional<at::Tensor>(pos_.unpack()) : std::nullopt;
         const std::optional<at::Tensor> dk = has_k_ && dk_out.defined() ? std::optional<at::Tensor>(dk_out)
                                                                          : std::nullopt;
@@ -321,7 +321,7 @@ std::tuple<at::Tensor, at::Tensor> rotary_autograd(bool transpose, const at::Ten
         node->interleaved_ = interleaved;
         node->rotary_dim_ = rotary_dim;
         node->layout_ = layout;
-        node->q_shape_ = q.sizes().vec();
+        node->q_shape_ = q.sym_sizes().vec();
         node->q_options_ = q.options();
         if (k.has_value()) torch::autograd::set_history(std::vector<at::Tensor>{q_out, k_out}, node);
         else torch::autograd::set_history(q_out, node); // k None: k_out is an empty placeholder

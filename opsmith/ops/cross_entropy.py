@@ -33,7 +33,8 @@ def _softcap(softcap):
     if softcap is None:
         return 0.0
     softcap = float(softcap)
-    if not (math.isfinite(softcap) and softcap > 0):
+    # comparisons, not math.isfinite: torch.compile traces them on a symbolic float (NaN fails both)
+    if not (0 < softcap < math.inf):
         raise ValueError(f"cross_entropy: softcap must be None or finite and > 0, got {softcap}")
     return softcap
 
