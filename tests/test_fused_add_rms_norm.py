@@ -106,6 +106,58 @@ def test_matches_unfused(device, x_dtype, w_dtype, casting_mode, offset, shape):
             assert torch.equal(y, y_u) and torch.equal(gx, gx_u) and torch.equal(gw, gw_u)
 
 
+@pytest.mark.parametrize("x_dtype,r_dtype", [(torch.bfloat16, torch.float32), (torch.float32, torch.bfloat16),
+                                             (torch.float16, torch.float32), (torch.bfloat16, torch.float16)],
+                         ids=lambda d: str(d).replace("torch.", ""))
+def test_mixed_residual_dtype_adds_as_torch(device, x_dtype, r_dtype):
+    # a 16-bit sublayer output beside a float32 residual stream (autocast):
+    # h = x + residual in the promoted dtype, as the unfused add gives, and
+    # each input's gradient in its own dtype
+    x, r = rand(3, 5, 96, dtype=x_dtype, device=device), rand(3, 5, 96, dtype=r_dtype, device=device)
+    hd = torch.promote_types(x_dtype, r_dtype)
+    w = rand(96, dtype=torch.float32, device=device)
+    dys = (rand(3, 5, 96, dtype=hd, device=device), rand(3, 5, 96, dtype=hd, device=device))
+    y_u, h_u, gx_u, gr_u, gw_u = unfused(x, r, w, 0.0, "none", dys)
+    for fn in (opsmith.fused_add_rms_norm, fused_add_rms_norm_pybind):
+        y, h, gx, gr, gw = fused(fn, x, r, w, 0.0, "none", dys)
+        assert (y.dtype, h.dtype, gx.dtype, gr.dtype, gw.dtype) == (hd, hd, x_dtype, r_dtype, torch.float32)
+        assert torch.equal(h, h_u), "h must be x + residual in the promoted dtype"
+        assert ulps(y, y_u) <= 1
+        for name, got, want in (("dx", gx, gx_u), ("dresidual", gr, gr_u)):
+            assert row_ulps(got, want) <= GRAD_ROW_ULPS, f"{fn.__name__} {name}"
+        assert_close(gw, gw_u, TOL[hd], f"{fn.__name__} dweight")
+    if r_dtype == hd:  # in place: h over the residual stream, x converted
+        for fn in (opsmith.fused_add_rms_norm_, fused_add_rms_norm_pybind_):
+            r2 = r.clone()
+            with torch.no_grad():
+                y = fn(x, r2, w, EPS)
+            assert torch.equal(r2, h_u) and ulps(y, y_u) <= 1
+
+
+def test_module_under_autocast_with_a_float32_residual():
+    # Hugging Face's pattern: the residual stream stays float32, the sublayer
+    # (a Linear under autocast) returns bfloat16; FusedAddRMSNorm must replace
+    # the unfused add and norm
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(64, 64)
+    norm = opsmith.nn.FusedAddRMSNorm(64)
+    ref = opsmith.nn.RMSNorm(64, eps=1e-6)
+    x = torch.randn(4, 7, 64, requires_grad=True)
+    outs = []
+    for fused_path in (True, False):
+        x.grad = None
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            a = lin(x)
+            y, h = norm(a, x) if fused_path else (ref(a + x), a + x)
+        assert a.dtype == torch.bfloat16 and h.dtype == y.dtype == torch.float32
+        (y.square().sum() + h.sum()).backward()
+        outs.append((y.detach(), h.detach(), x.grad.clone()))
+    (yf, hf, gf), (yu, hu, gu) = outs
+    assert torch.equal(hf, hu)
+    assert_close(yf, yu, 1e-5, "y")
+    assert_close(gf, gu, 1e-5, "x.grad")
+
+
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("n", [1, 7, 127, 4099])
 def test_float64_reference(device, dtype, n):
@@ -230,7 +282,6 @@ def test_module_and_state_dict(device):
 def test_bad_inputs_name_the_argument(device):
     x, r, w = rand(4, 32, device=device), rand(4, 32, device=device), rand(32, device=device)
     cases = [
-        ((x, r.double(), w), r"^fused_add_rms_norm: residual must have the dtype of x \(Float\), got Double"),
         ((x, r[:, :31], w), r"^fused_add_rms_norm: residual must have the shape of x \[4, 32\], got \[4, 31\]"),
         ((x, r, w[:31]), r"^fused_add_rms_norm: weight must have shape \[32\] \(last dim of x\), got \[31\]"),
         ((x.half(), r.half(), w.double()), r"^fused_add_rms_norm: weight must have the dtype of x \(Half\) or float32"),
@@ -251,6 +302,14 @@ def test_bad_inputs_name_the_argument(device):
         with torch.no_grad(), pytest.raises(TypeError, match=rf"^{name}: weight must be a tensor of the hidden size "
                                                                r"\(this norm always has one\), got NoneType"):
             fn(x, r.clone(), None)
+    # the raw op takes one dtype; the functions promote (test_mixed_residual_dtype_adds_as_torch)
+    with pytest.raises(RuntimeError, match=r"^fused_add_rms_norm: residual must have the dtype of x \(Float\), got Double"):
+        torch.ops.opsmith.fused_add_rms_norm_fwd(x, r.double(), w, EPS)
+    for fn in (opsmith.fused_add_rms_norm_, fused_add_rms_norm_pybind_):
+        with torch.no_grad(), pytest.raises(RuntimeError, match=r"^fused_add_rms_norm_: residual must hold h = x \+ "
+                                                                 r"residual, which is torch.float32 \(x torch.float32, "
+                                                                 r"residual torch.bfloat16\)"):
+            fn(x, r.bfloat16(), w)
     _, h, inv = torch.ops.opsmith.fused_add_rms_norm_fwd(x, r, w, EPS)
     with pytest.raises(RuntimeError, match=r"^fused_add_rms_norm: dh must have the dtype of h \(Float\), got Double"):
         torch.ops.opsmith.fused_add_rms_norm_bwd(x, x.double(), h, w, inv)

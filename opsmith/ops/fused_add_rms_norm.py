@@ -28,6 +28,23 @@ def _check_call(casting_mode, weight, who="fused_add_rms_norm"):
     check_param(who, optional=False, weight=weight)
 
 
+def _promoted(x, residual, inplace=False):
+    """x and residual in the dtype of ``x + residual``. A float32 residual
+    stream beside a 16-bit sublayer output (autocast) adds to float32, as the
+    unfused add does; the lower one is converted (one copy, differentiable).
+    The in-place form writes h over residual, so only x may be converted."""
+    if not (isinstance(x, torch.Tensor) and isinstance(residual, torch.Tensor)) or x.dtype == residual.dtype:
+        return x, residual
+    if not (x.is_floating_point() and residual.is_floating_point()):
+        return x, residual  # the op names the bad dtype
+    dt = torch.promote_types(x.dtype, residual.dtype)
+    if inplace and residual.dtype != dt:
+        raise RuntimeError(f"fused_add_rms_norm_: residual must hold h = x + residual, which is {dt} "
+                           f"(x {x.dtype}, residual {residual.dtype}); pass residual as {dt}, or use "
+                           "fused_add_rms_norm")
+    return x.to(dt), residual.to(dt)
+
+
 # --- route B: the functional API -------------------------------------------------
 
 def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
@@ -36,8 +53,10 @@ def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
     """``h = x + residual`` then ``y = opsmith.rms_norm(h, weight, eps, offset=..., casting_mode=...)``,
     in one pass; returns ``(y, h)``.
 
-    x and residual have one shape and dtype; h has that dtype (rounded once,
-    as ``x + residual`` gives), y rms_norm's output dtype (x's; with
+    x and residual have one shape; h has the dtype of ``x + residual`` (rounded
+    once, as that add gives: a bfloat16 x beside a float32 residual, as under
+    autocast, gives a float32 h, the lower one converted first), y
+    rms_norm's output dtype (h's; with
     ``casting_mode="llama"`` and a float32 weight, float32). weight is x's
     dtype or float32 with 16-bit x. The backward takes the gradients of y and
     h (either may be absent) and gives x and residual the same gradient,
@@ -45,6 +64,7 @@ def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
     weight that gets no gradient: frozen, or not asked for). Double backward
     and forward-mode AD raise."""
     _check_call(casting_mode, weight)
+    x, residual = _promoted(x, residual)
     if out_dtype is None:
         out_dtype = _default_out_dtype(x, weight, casting_mode)
     y, h, _ = _fwd(x, residual, weight, eps, offset, casting_mode, out_dtype)
@@ -58,8 +78,10 @@ def fused_add_rms_norm_(x: torch.Tensor, residual: torch.Tensor, weight: torch.T
     engines use it: h is written over ``residual`` (which must have rows
     addressable in place) and y is returned. No autograd: with grad mode on
     and an input that requires grad it raises (use it under
-    ``torch.no_grad()`` or ``torch.inference_mode()``)."""
+    ``torch.no_grad()`` or ``torch.inference_mode()``). x is converted to
+    residual's dtype where that is ``x + residual``'s; otherwise it raises."""
     _check_call(casting_mode, weight, "fused_add_rms_norm_")
+    x, residual = _promoted(x, residual, inplace=True)
     if out_dtype is None:
         out_dtype = _default_out_dtype(x, weight, casting_mode)
     return _inplace(x, residual, weight, eps, offset, casting_mode, out_dtype)
@@ -188,6 +210,7 @@ def fused_add_rms_norm_pybind(x: torch.Tensor, residual: torch.Tensor, weight: t
     if torch._C._are_functorch_transforms_active():
         raise RuntimeError(PYBIND_TRANSFORM_ERROR)
     _check_call(casting_mode, weight)
+    x, residual = _promoted(x, residual)
     if out_dtype is None:
         out_dtype = _default_out_dtype(x, weight, casting_mode)
     return FusedAddRMSNormFunction.apply(x, residual, weight, eps, offset, casting_mode, out_dtype)
@@ -201,6 +224,7 @@ def fused_add_rms_norm_pybind_(x: torch.Tensor, residual: torch.Tensor, weight: 
     if torch.is_grad_enabled() and any(t.requires_grad for t in (x, residual, weight)):
         raise RuntimeError("fused_add_rms_norm_: the in-place form has no autograd; call it under torch.no_grad() "
                            "or torch.inference_mode(), or use opsmith.fused_add_rms_norm for training")
+    x, residual = _promoted(x, residual, inplace=True)
     if out_dtype is None:
         out_dtype = _default_out_dtype(x, weight, casting_mode)
     y = _pybind().fused_add_rms_norm_(x, residual, weight, eps, offset, casting_mode, out_dtype)
