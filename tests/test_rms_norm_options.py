@@ -133,11 +133,15 @@ def test_inplace_backward_writes_dx_over_the_gradient(device, dtype):
     w = (1 + 0.1 * rand(512, device=device)).to(dtype)
     xa, wa = x.clone().requires_grad_(), w.clone().requires_grad_()
     xb, wb = x.clone().requires_grad_(), w.clone().requires_grad_()
-    dy = rand(128, 512, dtype=dtype, device=device)
-    dy_copy = dy.clone()
-    opsmith.rms_norm(xa, wa, 1e-6).backward(dy_copy.clone())
+    c = rand(128, 512, dtype=dtype, device=device)
+    (opsmith.rms_norm(xa, wa, 1e-6) * c).sum().backward()
     y = opsmith.rms_norm(xb, wb, 1e-6, inplace_backward=True)
-    y.backward(dy)
+    # dy = c, made by the product's backward: a gradient nothing else holds
+    # (nothing from Python may touch it: a Python reference is a holder too,
+    # so the path is read from the profiler's op names)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        (y * c).sum().backward()
+    ops = {e.name for e in prof.events()}
     # The same values, not always the same bits: on CUDA a short batch's
     # backward apart from dy takes the split plan (dweight summed beside the
     # rows), which cannot read dy while dx is written over it.
@@ -145,8 +149,37 @@ def test_inplace_backward_writes_dx_over_the_gradient(device, dtype):
     tol = dict(rtol=1e-5, atol=1e-4) if dtype == torch.float32 else dict(rtol=1e-2, atol=1e-2)
     torch.testing.assert_close(xb.grad, xa.grad, **tol)
     torch.testing.assert_close(wb.grad, wa.grad, **tol)
-    # the memory saving is real: the gradient handed in now holds dx
-    assert torch.equal(dy, xb.grad), "inplace_backward did not write dx over dy"
+    # the memory saving is real: the in-place backward ran
+    assert "opsmith::rms_norm_bwd_" in ops and "opsmith::rms_norm_bwd" not in ops, sorted(ops)
+
+
+@pytest.mark.parametrize("use", ["residual", "view_and_residual", "caller_holds_dy", "twice"])
+def test_inplace_backward_leaves_a_shared_gradient(device, use):
+    # where autograd hands y's gradient to another reader too (y + x passes
+    # one tensor to both sides; a view of y shares its storage; the caller
+    # keeps the gradient it passed), dx must not be written over it
+    x = rand(64, 256, device=device)
+    w = (1 + 0.1 * rand(256, device=device))
+    dy = rand(64, 256, device=device)
+    grads = []
+    for inplace in (False, True):
+        xs, ws = x.clone().requires_grad_(), w.clone().requires_grad_()
+        y = opsmith.rms_norm(xs, ws, 1e-6, inplace_backward=inplace)
+        g = dy.clone()
+        keep = g.clone()
+        if use == "residual":
+            (y + xs).backward(g)
+        elif use == "view_and_residual":
+            (y.view(-1) + xs.view(-1)).backward(g.view(-1))
+        elif use == "caller_holds_dy":
+            y.backward(g)
+            assert torch.equal(g, keep), "the caller's gradient was overwritten"
+        else:
+            (y + y).backward(g)
+        grads.append((xs.grad, ws.grad))
+    (xa, wa), (xb, wb) = grads
+    torch.testing.assert_close(xb, xa, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(wb, wa, rtol=1e-5, atol=1e-4)
 
 
 def test_inplace_backward_falls_back_where_it_cannot(device):

@@ -277,7 +277,7 @@ struct RMSNormBackward : public torch::autograd::Node {
     std::string casting_;
 
     variable_list apply(variable_list &&grads) override {
-        at::Tensor dy = grads[0];
+        at::Tensor dy = std::move(grads[0]); // the engine's reference, so use_count() counts the others
         if (!dy.defined()) return {at::Tensor(), at::Tensor()};
         const at::Tensor x = x_.unpack();
         const std::optional<at::Tensor> w =
@@ -289,10 +289,14 @@ struct RMSNormBackward : public torch::autograd::Node {
         {
             at::AutoDispatchBelowADInplaceOrView below_autograd;
             // dx over dy when the caller allowed it and dy is plain memory this
-            // node owns the use of: not while a graph is built through dy, and
-            // not for tensor subclasses (torch.compile's tracing), which take
-            // the functional op
-            if (inplace_ && !dy.requires_grad() && !at::isTensorSubclassLike(dy) && can_write_over(dy, x)) {
+            // node owns the use of: not while a graph is built through dy, not
+            // for tensor subclasses (torch.compile's tracing), which take the
+            // functional op, and not while anything else holds dy or its
+            // storage (y + x hands one gradient to both sides; y.backward(g)
+            // leaves g with the caller), whose reader would see dx; a wrapper with
+            // no storage of its own (torch.func) takes the functional op
+            const bool sole = dy.use_count() == 1 && dy.has_storage() && dy.storage().use_count() == 1;
+            if (inplace_ && sole && !dy.requires_grad() && !at::isTensorSubclassLike(dy) && can_write_over(dy, x)) {
                 dw = rms_norm_bwd_inplace_op().call(dy, x, w, inv_rms_.unpack(), offset_, casting_, weight_grad);
                 dx = dy;
             } else {

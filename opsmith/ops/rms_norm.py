@@ -55,11 +55,13 @@ def rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: Option
       as ``GemmaRMSNorm``; ``"none"``: one rounding, x's dtype.
     - out_dtype: overrides the output dtype (x's dtype, or float32 for 16-bit
       x with a float32 weight or none).
-    - inplace_backward: the backward may write dx over the incoming gradient
-      (saves a tensor of x's size). Only when nothing else reads that
-      gradient: it must not be used when y feeds more than one op whose
-      backward shares the gradient buffer (for instance ``y + y`` or a
-      residual ``y + x`` that passes its gradient on unchanged).
+    - inplace_backward: the backward writes dx over the incoming gradient
+      (saves a tensor of x's size) when nothing else holds that gradient or
+      its memory; one autograd shares with another reader (a residual
+      ``y + x`` passes one tensor to both sides, a view of y shares its
+      storage, ``y.backward(g)`` leaves g with the caller; one Python has
+      seen, through a hook on y or an autograd.Function's backward, counts as
+      held) is left as it is and dx gets memory of its own.
 
     Autograd is registered in C++ (csrc/torch): first-order gradients,
     torch.func.grad and vjp; double backward and forward-mode AD raise. A
