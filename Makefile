@@ -63,7 +63,11 @@ build: ext
 lib: $(LIB)
 
 # each object depends on the headers it includes (-MMD writes them to its .d
-# file, read below), so editing one op's header recompiles that op alone
+# file, read below), so editing an op's sources or its csrc/internal/<op>.h
+# recompiles that op's objects alone (and an op's built on it); but
+# include/opsmith.h includes every op's public header and nearly every object
+# includes it, so editing any include/opsmith/<op>.h, even a comment,
+# recompiles them all, with the C tests and the extensions' bridges
 DEPFLAGS = -MMD -MP -MF $(@:.o=.d)
 build/%.o: %.c build/%.d $(CONFIG)
 	@mkdir -p $(dir $@)

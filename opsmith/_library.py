@@ -76,8 +76,11 @@ def missing_error(problems: List[str]) -> ImportError:
     them that way."""
     kind, command = install_kind()
     where = _TREE if kind != "installed" else _HERE
-    return ImportError("\n".join(["opsmith cannot load its compiled parts:", *(f"  - {p}" for p in problems),
-                                   _HOW[kind].format(where=where), f"    {command}"]))
+    lines = ["opsmith cannot load its compiled parts:", *(f"  - {p}" for p in problems),
+             _HOW[kind].format(where=where), f"    {command}"]
+    if kind == "source":  # the generator needs none of them: an op of one's own can come first
+        lines.append(f"(`opsmith new-op` runs before that as `python {os.path.join(where, 'opsmith', 'new_op.py')} NAME`)")
+    return ImportError("\n".join(lines))
 
 
 def _find(pattern: str) -> Optional[str]:

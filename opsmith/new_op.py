@@ -260,7 +260,11 @@ NS_*, a setup.py (ahead-of-time build) and a loader that builds just in time
 with torch.utils.cpp_extension.load when nothing is prebuilt; its own tests.
 
 NAME and NS are lowercase C identifiers (snake_case). An existing file is
-never overwritten: if any file the op would write exists, nothing is written."""
+never overwritten: if any file the op would write exists, nothing is written.
+
+`python -m opsmith new-op` needs the tree built (`make build`: importing the
+package loads its compiled parts); before that, `python opsmith/new_op.py`
+from the tree's root runs the same command."""
 
 
 def _parser():
@@ -304,10 +308,10 @@ def main(argv=None) -> int:
                              f"for a project of your own use --out DIR --namespace NS")
             written = new_op_in_tree(args.name, root)
             steps = ["make build                       # the Makefile and setup.py find the new files",
-                     "make ctest                       # its C test (tests/c/test_%s.c) with the others" % args.name,
+                     f"make ctest                       # its C test with the others (build/test_c {args.name}: alone)",
                      f"python -m pytest -q tests/test_{args.name}.py",
-                     f"python -m pytest -q tests/test_reliability.py tests/test_integration.py -k {args.name}",
-                     "python -m opsmith.specs --docs   # its rows in docs/reliability.md's table"]
+                     "python -m opsmith.specs --docs   # its rows in docs/reliability.md's table (a test checks it)",
+                     f"python -m pytest -q tests/test_reliability.py tests/test_integration.py -k {args.name}"]
             base = root
     except NewOpError as e:
         print(f"opsmith new-op: {e}", file=sys.stderr)

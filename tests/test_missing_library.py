@@ -87,8 +87,9 @@ def test_source_tree_says_make_build(tmp_path):
     lines = msg.splitlines()
     assert "  - the route B library (torch.ops.opsmith.*) opsmith/_C*.so is missing" in lines
     assert "libopsmith.so" not in msg  # the C library is there, in build/
-    assert lines[-2] == f"This opsmith is a source tree ({root}): build them with `make build` there:"
-    assert lines[-1].strip() == f"make -C {root} build"
+    assert lines[-3] == f"This opsmith is a source tree ({root}): build them with `make build` there:"
+    assert lines[-2].strip() == f"make -C {root} build"
+    assert lines[-1] == f"(`opsmith new-op` runs before that as `python {root}/opsmith/new_op.py NAME`)"
 
 
 def test_editable_install_says_pip_install_e_again(tmp_path):

@@ -4,6 +4,7 @@ as a standalone project), nothing is ever overwritten, and every template is
 used and shipped. `make new-op-check` builds and tests what it writes."""
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -192,3 +193,50 @@ def test_runs_as_a_file_before_the_tree_is_built(tmp_path):
                        capture_output=True, text=True, cwd=tmp_path, timeout=60)
     assert p.returncode == 0, p.stderr
     assert (tmp_path / "p" / "okns" / "ops" / "ok_op.py").is_file()
+
+
+def test_generated_op_checks_as_its_bridge_does(tmp_path):
+    # the fake kernels go through the device-checking register_fake (opsmith's
+    # in the tree, the project's own copy outside), the bridge allocates with
+    # empty_output, and alpha is refused past float's range where the kernels
+    # narrow it to float
+    root = fake_tree(tmp_path / "tree")
+    new_op.new_op_in_tree("my_op", root)
+    out = tmp_path / "proj"
+    new_op.new_op_standalone("my_op", out, "myops")
+    for base, ns in ((root, "opsmith"), (out, "myops")):
+        ops = (base / ns / "ops" / "my_op.py").read_text()
+        assert "from . import first_order_only, register_fake" in ops
+        assert "torch.library.register_fake" not in ops and ops.count("@register_fake(") == 2
+        bridge = (base / "csrc/torch/my_op.cpp").read_text()
+        assert "at::empty(" not in bridge and bridge.count("empty_output(") == 2
+        assert "alpha must be within float's range" in bridge and "FLT_MAX" in bridge
+        assert "FLT_MAX" in (base / "csrc/internal/my_op.c").read_text()
+        test = (base / "tests/test_my_op.py").read_text()
+        assert "silu(" not in test, "a check tied to the template's formula, not derived from reference()"
+        assert "def test_alpha_past_float_range" in test and "def test_fake_kernels_refuse_as_the_bridge_does" in test
+    assert "def register_fake" in (out / "myops/ops/__init__.py").read_text()
+    assert "empty_output" in (out / "csrc/torch/tensor_args.h").read_text()
+    assert "alpha past FLT_MAX" in (root / "tests/c/test_my_op.c").read_text()
+
+
+def test_guide_gives_what_the_generator_writes_and_prints(tmp_path, capsys):
+    # docs/guide.md's step 0 names every file the in-tree form writes and
+    # every step it prints afterwards, with NAME for the op
+    guide = (ROOT / "docs" / "guide.md").read_text()
+    for _, target in new_op.OP_FILES + new_op.IN_TREE_FILES:
+        path = target.format(name="NAME", ns="opsmith")
+        assert f"`{path}`" in guide, f"docs/guide.md does not say what {path} is for"
+    for line in ('`#include "opsmith/NAME.h"`', "`OP_MODULES`", "`FUNCTIONS`", "`MODULES`", "`PYBIND`"):
+        assert line in guide
+    root = fake_tree(tmp_path)
+    assert new_op.main(["my_op", "--root", str(root)]) == 0
+    steps = capsys.readouterr().out.split("then:\n", 1)[1].splitlines()
+    assert steps
+    for step in steps:
+        command = step.split("#", 1)[0].strip().replace("my_op", "NAME")
+        assert command in guide, f"docs/guide.md does not give the step {command!r}"
+    # the commands to copy run ctest as the tree was built: NVCC= would
+    # switch to a CPU-only configuration and rebuild every object
+    blocks = re.findall(r"^```\w*\n(.*?)^```", guide, re.M | re.S)
+    assert not [line for b in blocks for line in b.splitlines() if "make ctest" in line and "NVCC=" in line]
