@@ -302,6 +302,11 @@ def test_bad_inputs_name_the_argument(device):
         with torch.no_grad(), pytest.raises(TypeError, match=rf"^{name}: weight must be a tensor of the hidden size "
                                                                r"\(this norm always has one\), got NoneType"):
             fn(x, r.clone(), None)
+    # the functions add in the promoted dtype, which the weight must suit
+    for fn in (opsmith.fused_add_rms_norm, fused_add_rms_norm_pybind, opsmith.fused_add_rms_norm_):
+        with torch.no_grad(), pytest.raises(RuntimeError, match=r"^fused_add_rms_norm_?: weight must have the dtype "
+                                                                 r"of x \+ residual \(Double\), got Float$"):
+            fn(x, r.double(), w)
     # the raw op takes one dtype; the functions promote (test_mixed_residual_dtype_adds_as_torch)
     with pytest.raises(RuntimeError, match=r"^fused_add_rms_norm: residual must have the dtype of x \(Float\), got Double"):
         torch.ops.opsmith.fused_add_rms_norm_fwd(x, r.double(), w, EPS)

@@ -69,7 +69,8 @@ def _row_center_backward(ctx, gy, gm):
     xa, wa = _acc(x), _acc(w)
     gyw = _acc(gy) * wa
     dx = gyw - gyw.mean(-1, keepdim=True) + (_acc(gm) / n).unsqueeze(-1)
-    dw = (_acc(gy) * (xa - xa.mean(-1, keepdim=True))).reshape(-1, n).sum(0)  # -1: no guard on the row count
+    t = _acc(gy) * (xa - xa.mean(-1, keepdim=True))
+    dw = (t.flatten(0, -2) if t.dim() > 1 else t[None]).sum(0)  # no guard on the row count, and width 0 works
     return dx.to(x.dtype), dw.to(w.dtype)
 
 

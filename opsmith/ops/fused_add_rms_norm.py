@@ -28,20 +28,29 @@ def _check_call(casting_mode, weight, who="fused_add_rms_norm"):
     check_param(who, optional=False, weight=weight)
 
 
-def _promoted(x, residual, inplace=False):
+_NAMES = {torch.float64: "Double", torch.float32: "Float", torch.float16: "Half", torch.bfloat16: "BFloat16"}
+
+
+def _promoted(x, residual, weight, inplace=False):
     """x and residual in the dtype of ``x + residual``. A float32 residual
     stream beside a 16-bit sublayer output (autocast) adds to float32, as the
     unfused add does; the lower one is converted (one copy, differentiable).
     The in-place form writes h over residual, so only x may be converted."""
     if not (isinstance(x, torch.Tensor) and isinstance(residual, torch.Tensor)) or x.dtype == residual.dtype:
         return x, residual
-    if not (x.is_floating_point() and residual.is_floating_point()):
+    if x.dtype not in _NAMES or residual.dtype not in _NAMES:
         return x, residual  # the op names the bad dtype
+    who = "fused_add_rms_norm_" if inplace else "fused_add_rms_norm"
     dt = torch.promote_types(x.dtype, residual.dtype)
     if inplace and residual.dtype != dt:
-        raise RuntimeError(f"fused_add_rms_norm_: residual must hold h = x + residual, which is {dt} "
+        raise RuntimeError(f"{who}: residual must hold h = x + residual, which is {dt} "
                            f"(x {x.dtype}, residual {residual.dtype}); pass residual as {dt}, or use "
                            "fused_add_rms_norm")
+    half = dt in (torch.float16, torch.bfloat16)
+    if isinstance(weight, torch.Tensor) and not (weight.dtype == dt or (half and weight.dtype == torch.float32)):
+        # the op would name h's dtype as x's, which is not the x passed here
+        raise RuntimeError(f"{who}: weight must have the dtype of x + residual ({_NAMES[dt]})"
+                           f"{' or float32' if half else ''}, got {_NAMES.get(weight.dtype, weight.dtype)}")
     return x.to(dt), residual.to(dt)
 
 
@@ -64,7 +73,7 @@ def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
     weight that gets no gradient: frozen, or not asked for). Double backward
     and forward-mode AD raise."""
     _check_call(casting_mode, weight)
-    x, residual = _promoted(x, residual)
+    x, residual = _promoted(x, residual, weight)
     if out_dtype is None:
         out_dtype = _default_out_dtype(x, weight, casting_mode)
     y, h, _ = _fwd(x, residual, weight, eps, offset, casting_mode, out_dtype)
@@ -81,7 +90,7 @@ def fused_add_rms_norm_(x: torch.Tensor, residual: torch.Tensor, weight: torch.T
     ``torch.no_grad()`` or ``torch.inference_mode()``). x is converted to
     residual's dtype where that is ``x + residual``'s; otherwise it raises."""
     _check_call(casting_mode, weight, "fused_add_rms_norm_")
-    x, residual = _promoted(x, residual, inplace=True)
+    x, residual = _promoted(x, residual, weight, inplace=True)
     if out_dtype is None:
         out_dtype = _default_out_dtype(x, weight, casting_mode)
     return _inplace(x, residual, weight, eps, offset, casting_mode, out_dtype)
@@ -210,7 +219,7 @@ def fused_add_rms_norm_pybind(x: torch.Tensor, residual: torch.Tensor, weight: t
     if torch._C._are_functorch_transforms_active():
         raise RuntimeError(PYBIND_TRANSFORM_ERROR)
     _check_call(casting_mode, weight)
-    x, residual = _promoted(x, residual)
+    x, residual = _promoted(x, residual, weight)
     if out_dtype is None:
         out_dtype = _default_out_dtype(x, weight, casting_mode)
     return FusedAddRMSNormFunction.apply(x, residual, weight, eps, offset, casting_mode, out_dtype)
@@ -224,7 +233,7 @@ def fused_add_rms_norm_pybind_(x: torch.Tensor, residual: torch.Tensor, weight: 
     if torch.is_grad_enabled() and any(t.requires_grad for t in (x, residual, weight)):
         raise RuntimeError("fused_add_rms_norm_: the in-place form has no autograd; call it under torch.no_grad() "
                            "or torch.inference_mode(), or use opsmith.fused_add_rms_norm for training")
-    x, residual = _promoted(x, residual, inplace=True)
+    x, residual = _promoted(x, residual, weight, inplace=True)
     if out_dtype is None:
         out_dtype = _default_out_dtype(x, weight, casting_mode)
     y = _pybind().fused_add_rms_norm_(x, residual, weight, eps, offset, casting_mode, out_dtype)

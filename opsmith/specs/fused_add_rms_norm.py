@@ -132,9 +132,10 @@ _HOSTILE = (
             "`fused_add_rms_norm: eps must be a finite number >= 0, got nan`",
             input="eps = NaN", raises=r"^fused_add_rms_norm: eps must be a finite number >= 0"),
     Hostile("residual_dtype_differs", lambda d, g: _with(_base(d, g), residual=_base(d, g)["residual"].double()),
-            "`fused_add_rms_norm: residual must have the dtype of x (Float), got Double`",
-            input="float32 x, float64 residual",
-            raises=r"^fused_add_rms_norm: residual must have the dtype of x \(Float\), got Double"),
+            "`fused_add_rms_norm: weight must have the dtype of x + residual (Double), got Float` (x and "
+            "residual add in their promoted dtype, as `x + residual`; the weight must suit that one)",
+            input="float32 x, float64 residual, float32 weight",
+            raises=r"^fused_add_rms_norm_?: weight must have the dtype of x \+ residual \(Double\), got Float"),
     Hostile("residual_wrong_shape", lambda d, g: _with(_base(d, g), residual=torch.ones(4, 38, device=d)),
             "`fused_add_rms_norm: residual must have the shape of x [4, 37], got [4, 38]`",
             input="residual of (4, 38) for x of (4, 37)",
