@@ -610,6 +610,50 @@ def test_compile_fullgraph(device):
     torch._dynamo.reset()
 
 
+def _opsmith_ops_run(fn):
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn()
+    return {e.name for e in prof.events() if e.name.startswith("opsmith::")}
+
+
+def test_the_saved_gradient_scaled_in_place_only_when_no_one_else_holds_it():
+    import threading
+
+    x, t, _ = make(64, 100, torch.float32, "cpu")
+    xg = x.clone().requires_grad_()
+    # the functions: the backward that frees the graph scales the saved gradient in place
+    loss = cross_entropy(xg, t)
+    assert _opsmith_ops_run(lambda: loss.backward()) == {"opsmith::cross_entropy_bwd_"}
+    # the raw op returned the gradient to its caller: never written behind it
+    loss, _, dl, _ = torch.ops.opsmith.cross_entropy_fwd(xg, t, None, compute_grad=True)
+    keep = dl.clone()
+    assert _opsmith_ops_run(lambda: (loss * 3).backward()) == {"opsmith::cross_entropy_bwd"}
+    assert torch.equal(dl, keep)
+    # backwards over one graph from several threads at once (two keeping the
+    # graph, one freeing it): each gets the right gradient or the error of a
+    # freed graph, never the one scaled in place for another
+    for trial in range(8):
+        loss = cross_entropy(xg, t, reduction="none")
+        go = torch.rand(64) + 0.5
+        ref = torch.autograd.grad(loss, xg, go, retain_graph=True)[0].clone()
+        wrong = []
+
+        def run(keep):
+            for _ in range(20 if keep else 1):
+                try:
+                    g = torch.autograd.grad(loss, xg, go, retain_graph=keep)[0]
+                except RuntimeError as e:
+                    assert "second time" in str(e) or "freed" in str(e), str(e)
+                    continue
+                if not torch.equal(g, ref):
+                    wrong.append((keep, (g - ref).abs().max().item()))
+
+        threads = [threading.Thread(target=run, args=(k,)) for k in (True, True, False)]
+        [th.start() for th in threads]
+        [th.join() for th in threads]
+        assert not wrong, wrong[:3]
+
+
 def test_compile_a_softcap_that_changes():
     # a softcap that is a module attribute (dynamic=True) or changes between
     # calls reaches the check as a symbolic float: fullgraph must hold

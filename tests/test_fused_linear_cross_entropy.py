@@ -211,6 +211,21 @@ def test_no_grad_and_partial_grads(device):
     assert_close(wg.grad, wd.grad, torch.float32, "dweight alone")
 
 
+def test_raw_op_gradients_left_as_returned():
+    # the raw op hands its caller the gradients its node saves: the backward
+    # that frees the graph must not scale them in place while the caller holds
+    # them (the public function drops them, and there it does)
+    h, w, b = torch.randn(32, 16), torch.randn(100, 16), torch.randn(100)
+    hg, wg, bg = (a.clone().requires_grad_() for a in (h, w, b))
+    t = torch.randint(0, 100, (32,))
+    loss, _, dh, dw, db, _ = torch.ops.opsmith.fused_linear_cross_entropy_fwd(hg, wg, t, bg)
+    keep = [dh.clone(), dw.clone(), db.clone()]
+    (loss * 3).backward()
+    assert all(torch.equal(a, k) for a, k in zip((dh, dw, db), keep))
+    for got, ref in zip((hg.grad, wg.grad, bg.grad), keep):
+        torch.testing.assert_close(got, 3 * ref)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_retain_graph_twice(device):
     # the graph kept: the saved gradients are scaled out of place, so a second backward agrees

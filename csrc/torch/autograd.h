@@ -11,8 +11,10 @@
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/saved_variable.h>
 
+#include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <type_traits>
 
 namespace opsmith {
@@ -28,6 +30,52 @@ template <auto &Fn> const auto &dispatcher_op(const char *name) {
     static const auto op =
         c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<std::remove_reference_t<decltype(Fn)>>();
     return op;
+}
+
+// The last use of a node's saved gradients, for a backward that scales them
+// in place when the graph is not kept (cross_entropy, the fused linear op):
+// the memory of a [N, V] or [V, D] tensor saved. The engine calls
+// will_release_variables() and then apply() in one thread for the backward
+// that frees the graph, but other threads may run backwards over the same
+// graph at once (retain_graph=True beside it). So the in-place use belongs to
+// that thread's next apply alone (taken under the node's mutex, held for the
+// whole apply), after which the saved tensors are spent: a later apply fails
+// as a backward through a freed graph does. And a saved tensor someone else
+// holds (the raw op returned it to its caller) is never written.
+class LastUse {
+  public:
+    void will_release() { releaser_ = std::this_thread::get_id(); }
+    // In apply, with the node's mutex held: true when this call may write
+    // over its saved tensors; checks they were not spent by an earlier one.
+    bool take(const char *node) {
+        TORCH_CHECK(!spent_, node, ": trying to backward through the graph a second time (its saved gradients were "
+                    "used by the backward that freed it); specify retain_graph=True on the first backward");
+        const bool mine = releaser_ == std::this_thread::get_id();
+        releaser_ = std::thread::id();
+        return mine;
+    }
+    void spend() { spent_ = true; }
+
+  private:
+    std::thread::id releaser_;
+    bool spent_ = false;
+};
+
+// True when t's memory is held by `expected` references alone (a node's
+// SavedVariable and the tensor unpacked from it: 2), so writing over it
+// changes nothing anyone else can read.
+inline bool held_only_by(const at::Tensor &t, size_t expected) {
+    return t.use_count() <= expected && t.has_storage() && t.storage().use_count() == 1;
+}
+
+// What a forward hands its caller of a tensor its node saves and may write
+// over: a view of its own. While the caller keeps it, the storage counts
+// that holder (held_only_by says no); once dropped, nothing of it is left,
+// where the saved tensor itself, once seen by Python, stays counted.
+inline at::Tensor view_for_caller(const at::Tensor &t) {
+    if (!t.defined()) return t;
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return t.alias();
 }
 
 // Forward-mode AD (torch.func.jvp, torch.autograd.forward_ad) needs a

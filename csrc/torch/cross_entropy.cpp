@@ -254,13 +254,18 @@ const auto &bwd_inplace_op() { return dispatcher_op<cross_entropy_bwd_>("opsmith
 // grad_fn of the loss: the forward's gradient times the incoming one.
 struct CrossEntropyBackward : public torch::autograd::Node {
     SavedVariable dlogits_;
-    bool releasing_ = false; // the graph is not kept: the saved gradient may be scaled in place
+    LastUse last_use_; // the graph is not kept: the saved gradient may be scaled in place
 
-    void will_release_variables() override { releasing_ = true; }
+    void will_release_variables() override {
+        std::lock_guard<std::mutex> lock(mutex_);
+        last_use_.will_release();
+    }
 
     variable_list apply(variable_list &&grads) override {
+        std::lock_guard<std::mutex> lock(mutex_);
         const at::Tensor &g = grads[0]; // a float32 loss's (loss_dtype) is float32: the kernel reads it as it is
         if (!g.defined()) return {at::Tensor()};
+        const bool last = last_use_.take("cross_entropy");
         at::Tensor d = dlogits_.unpack();
         at::Tensor dx;
         {
@@ -268,9 +273,10 @@ struct CrossEntropyBackward : public torch::autograd::Node {
             // in place only on plain memory this node owns the last use of:
             // not while a graph is built through g, not for tensor subclasses
             // (torch.compile's tracing), which take the functional op
-            if (releasing_ && !at::GradMode::is_enabled() && !g.requires_grad() && !at::isTensorSubclassLike(d) && !at::isTensorSubclassLike(g) &&
-                as_rows(d).tensor.is_same(d)) {
+            if (last && !at::GradMode::is_enabled() && !g.requires_grad() && !at::isTensorSubclassLike(d) &&
+                !at::isTensorSubclassLike(g) && held_only_by(d, 2) && as_rows(d).tensor.is_same(d)) {
                 bwd_inplace_op().call(g, d);
+                last_use_.spend();
                 dx = d;
             } else {
                 dx = bwd_op().call(g, d);
@@ -282,7 +288,10 @@ struct CrossEntropyBackward : public torch::autograd::Node {
             torch::autograd::set_history(dx, std::make_shared<torch::autograd::Error>(kNotTwice, torch::autograd::edge_list(next_edges())));
         return {dx};
     }
-    void release_variables() override { dlogits_.reset_data(); }
+    void release_variables() override {
+        std::lock_guard<std::mutex> lock(mutex_);
+        dlogits_.reset_data();
+    }
     std::string name() const override { return "CrossEntropyBackward"; }
 };
 
@@ -311,6 +320,7 @@ cross_entropy_fwd_autograd(const at::Tensor &logits, const at::Tensor &target, c
         node->dlogits_ = SavedVariable(dl, false);
         torch::autograd::set_history(loss, node);
         // z_loss, dlogits and error are reports, not results to differentiate through
+        dl = view_for_caller(dl);
     }
     return {loss, z, dl, error};
 }

@@ -217,16 +217,21 @@ const c10::TypedOperatorHandle<ScaleInplaceFn> &scale_inplace_op() {
 struct FusedLinearCrossEntropyBackward : public torch::autograd::Node {
     SavedVariable dh_, dw_, db_;
     bool has_h_ = false, has_w_ = false, has_b_ = false; // which next edges (hidden, weight, bias) exist
-    bool releasing_ = false;
+    LastUse last_use_; // the graph is not kept: the saved gradients may be scaled in place
 
-    void will_release_variables() override { releasing_ = true; }
+    void will_release_variables() override {
+        std::lock_guard<std::mutex> lock(mutex_);
+        last_use_.will_release();
+    }
 
     variable_list apply(variable_list &&grads) override {
+        std::lock_guard<std::mutex> lock(mutex_);
         variable_list out;
         if (has_h_) out.emplace_back();
         if (has_w_) out.emplace_back();
         if (has_b_) out.emplace_back();
         if (!grads[0].defined()) return out;
+        const bool last = last_use_.take("fused_linear_cross_entropy");
         const at::Tensor saved[3] = {has_h_ ? dh_.unpack() : at::Tensor(), has_w_ ? dw_.unpack() : at::Tensor(),
                                      has_b_ ? db_.unpack() : at::Tensor()};
         {
@@ -234,16 +239,19 @@ struct FusedLinearCrossEntropyBackward : public torch::autograd::Node {
             // the loss is float32 (16-bit inputs): cross_entropy's backward reads
             // that gradient as it is and rounds each product once
             const at::Tensor &g = grads[0];
-            const bool inplace = releasing_ && !at::GradMode::is_enabled() && !grads[0].requires_grad() &&
+            const bool inplace = last && !at::GradMode::is_enabled() && !grads[0].requires_grad() &&
                                  !at::isTensorSubclassLike(g);
             size_t k = 0;
             for (const at::Tensor &d : saved) {
                 if (!d.defined()) continue;
+                // held by the SavedVariable and saved[] alone: the raw op's caller may hold it too
+                const bool over = inplace && !at::isTensorSubclassLike(d) && d.is_contiguous() && held_only_by(d, 2);
                 // as (rows, n) for cross_entropy's backward: dbias is one row (symbolic
                 // sizes, so that torch.compile does not specialise on the token count)
                 at::Tensor d2 = d.dim() == 1 ? d.view_symint({1, d.sym_size(0)}) : d;
-                if (inplace && !at::isTensorSubclassLike(d) && d.is_contiguous()) {
+                if (over) {
                     scale_inplace_op().call(g, d2);
+                    last_use_.spend();
                     out[k++] = d;
                 } else {
                     out[k++] = scale_op().call(g, d2).view_symint(d.sym_sizes());
@@ -258,6 +266,7 @@ struct FusedLinearCrossEntropyBackward : public torch::autograd::Node {
         return out;
     }
     void release_variables() override {
+        std::lock_guard<std::mutex> lock(mutex_);
         dh_.reset_data();
         dw_.reset_data();
         db_.reset_data();
@@ -294,6 +303,7 @@ fused_linear_cross_entropy_fwd_autograd(const at::Tensor &hidden, const at::Tens
         if (nw) node->dw_ = SavedVariable(dw, false);
         if (nb) node->db_ = SavedVariable(db, false);
         torch::autograd::set_history(loss, node);
+        dh = view_for_caller(dh), dw = view_for_caller(dw), db = view_for_caller(db);
     }
     return {loss, z, dh, dw, db, error};
 }
