@@ -26,7 +26,7 @@ whole step capturable in a CUDA graph with a changing lr (capturable is
 accepted for compatibility: nothing here synchronises with the host)."""
 from collections import defaultdict
 from itertools import repeat
-from operator import is_
+from operator import attrgetter, is_
 from typing import Any, Dict, List, Optional
 
 import torch
@@ -121,6 +121,11 @@ class AdamW(torch.optim.Optimizer):
         self._bucket_cache: Dict[int, Any] = {}
         self._state_version = 0
 
+    def __getstate__(self):
+        # torch's Optimizer pickles defaults, state and param_groups: clipping
+        # is this class's own and must survive deepcopy, pickle and torch.save
+        return {**super().__getstate__(), "max_grad_norm": self.max_grad_norm}
+
     def __setstate__(self, state):
         super().__setstate__(state)
         self.__dict__["state"] = _table(self.__dict__["state"])
@@ -182,7 +187,9 @@ class AdamW(torch.optim.Optimizer):
         param by param when it moved or the caller assigned the table) and
         in it each tensor the buckets step (.clear(), a fresh exp_avg). A
         state changed for any param, the first or the thousandth, makes the
-        buckets again. Passes over the lists through map (no Python loop a
+        buckets again; so does a param whose dtype changed (module.to(dtype)
+        keeps the param objects: a master_weights group then needs masters
+        it did not). Passes over the lists through map (no Python loop a
         param)."""
         _, buckets, table, changes = cached
         state = self.state
@@ -192,7 +199,10 @@ class AdamW(torch.optim.Optimizer):
             if not all(all(map(is_, map(get, b["p"]), b["d"])) for b in buckets):
                 return False
             cached[2], cached[3] = state, now  # checked at this count
+        dtype = attrgetter("dtype")
         for b in buckets:
+            if not all(map(is_, map(dtype, b["p"]), repeat(b["dtype"]))):
+                return False
             for field, key in _STATE_FIELDS:
                 if b[field] and not all(map(is_, map(dict.get, b["d"], repeat(key)), b[field])):
                     return False
@@ -230,8 +240,8 @@ class AdamW(torch.optim.Optimizer):
                 b["w"].append(master)
             b["s"].append(state["step"])
         buckets = []
-        for (device, _, grad_dtype, has_master), b in by_key.items():
-            b["device"], b["grad_dtype"], b["has_master"] = device, grad_dtype, has_master
+        for (device, dtype, grad_dtype, has_master), b in by_key.items():
+            b["device"], b["dtype"], b["grad_dtype"], b["has_master"] = device, dtype, grad_dtype, has_master
             buckets.append(b)
         # the table and its change count the buckets' state dicts were read at (_state_still)
         self._bucket_cache[gi] = [key, buckets, self.state, getattr(self.state, "changes", None)]

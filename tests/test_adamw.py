@@ -718,3 +718,53 @@ def test_cuda_grad_norm_of_a_tensor_past_two_to_the_28(dtype):
     want0 = torch.sqrt(sum((g.double() ** 2).sum() for g in grads)).item()
     assert want0 < want - 1.0
     assert abs(opsmith.adamw_grad_norm(grads, 1.0)[0].item() - want0) <= 1e-5 * want0
+
+
+def test_copies_keep_clipping():
+    # deepcopy, pickle and torch.save of the optimizer: the copy clips as the
+    # original does (torch's Optimizer pickles only defaults, state, groups)
+    import io
+    import pickle
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(16, 8)
+    opt = AdamW(model.parameters(), lr=1e-2, max_grad_norm=0.1)
+    model(torch.randn(4, 16)).square().sum().backward()
+    opt.step()
+    opt.zero_grad()  # a copied Parameter has no .grad
+    buf = io.BytesIO()
+    torch.save({"model": model, "opt": opt}, buf)
+    copies = [copy.deepcopy({"model": model, "opt": opt}), pickle.loads(pickle.dumps({"model": model, "opt": opt})),
+              (buf.seek(0), torch.load(buf, weights_only=False))[1]]
+    x = torch.randn(4, 16)
+    model(x).square().sum().backward()
+    opt.step()
+    for c in copies:
+        assert c["opt"].max_grad_norm == 0.1
+        c["model"](x).square().sum().backward()
+        c["opt"].step()
+        for a, b in zip(c["model"].parameters(), model.parameters()):
+            assert torch.equal(a, b)
+
+
+def test_params_converted_to_another_dtype_between_steps():
+    # module.to(dtype) keeps the param objects: the next step must see the
+    # new dtype (a master_weights group needs float32 masters for bfloat16)
+    torch.manual_seed(0)
+    models = [torch.nn.Linear(32, 16) for _ in range(2)]
+    models[1].load_state_dict(models[0].state_dict())
+    opts = [AdamW(m.parameters(), lr=1e-3, master_weights=True) for m in models]
+    x = torch.randn(8, 32)
+    for step in range(3):
+        if step == 1:
+            for m in models:
+                m.to(torch.bfloat16)
+        for m, o in zip(models, opts):
+            m(x.to(m.weight.dtype)).float().square().sum().backward()
+            if o is opts[1]:
+                o._bucket_cache.clear()  # the reference: every step's buckets made anew
+            o.step()
+            o.zero_grad()
+    assert all("master_param" in opts[0].state[p] for p in models[0].parameters())
+    for a, b in zip(models[0].parameters(), models[1].parameters()):
+        assert a.dtype == torch.bfloat16 and torch.equal(a, b)
