@@ -308,3 +308,21 @@ def test_bench_providers_agree_on_cpu(activation):
     assert {"opsmith", "opsmith_pybind", "torch_eager"} <= set(ran)
     assert ("liger" in spec.providers) == (activation != "gelu"), "Liger has SiLU-mul and tanh GELU-mul only"
     assert spec.fwd_bytes(2, 8, 2) == 3 * 2 * 8 * 2 and spec.fwdbwd_bytes(2, 8, 2) == 8 * 2 * 8 * 2
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_module_freed_without_the_cyclic_collector(fused):
+    # a module that holds its own bound method (a state-dict hook) is a cycle:
+    # its weights would wait for gc rather than go with the last reference
+    import gc
+    import weakref
+
+    gc.disable()
+    try:
+        m = opsmith.nn.GatedMLP(16, 24, fused_gate_up=fused)
+        m.load_state_dict(m.state_dict())
+        r, w = weakref.ref(m), weakref.ref(m.down_proj.weight)
+        del m
+        assert r() is None and w() is None
+    finally:
+        gc.enable()

@@ -52,3 +52,24 @@ def test_hf_and_pybind_on_first_use():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert out.returncode == 0, out.stderr[-2000:]
+
+
+def test_torchscript_refused_by_name_and_trace_works():
+    # torch.jit.script cannot compile the modules' Python forwards; the refusal
+    # names the module and what works, and tracing does work
+    import inspect
+
+    import pytest
+    import torch
+
+    classes = [c for _, c in inspect.getmembers(opsmith.nn, inspect.isclass) if issubclass(c, torch.nn.Module)]
+    assert len(classes) >= 9 and all(issubclass(c, opsmith.ops.Module) for c in classes), classes
+    with pytest.raises(RuntimeError, match=r"^opsmith\.nn\.RMSNorm: torch\.jit\.script is not supported; use "
+                                           r"torch\.jit\.trace, torch\.compile or torch\.export"):
+        torch.jit.script(opsmith.nn.RMSNorm(8))
+    with pytest.raises(RuntimeError, match=r"^opsmith\.nn\.GatedMLP: torch\.jit\.script is not supported"):
+        torch.jit.script(torch.nn.Sequential(torch.nn.Linear(8, 8), opsmith.nn.GatedMLP(8, 16)))
+    m = opsmith.nn.RMSNorm(8)
+    traced = torch.jit.trace(m, torch.randn(2, 8))
+    x = torch.randn(5, 8)
+    assert torch.equal(traced(x), m(x))

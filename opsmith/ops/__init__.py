@@ -154,6 +154,18 @@ def pybind_double_backward_error(name: str, alternative: str) -> str:
             f"differentiable); compute higher-order gradients with {alternative}")
 
 
+class Module(torch.nn.Module):
+    """The base of opsmith.nn's modules. torch.jit.script calls
+    ``__prepare_scriptable__`` first: the forwards call Python wrappers
+    (keyword-only options, dtype logic) that TorchScript cannot compile, so
+    it is refused in words that name the module and what works instead,
+    where TorchScript's own error names none."""
+
+    def __prepare_scriptable__(self):
+        raise RuntimeError(f"opsmith.nn.{type(self).__name__}: torch.jit.script is not supported; use torch.jit.trace, "
+                           "torch.compile or torch.export (each works with opsmith's ops)")
+
+
 def first_order_only(message):
     """Decorates a route A Function's backward (under @staticmethod) whose
     result is not differentiable. With create_graph=True, the gradients come

@@ -12,7 +12,7 @@ from typing import Optional
 
 import torch
 
-from . import register_fake
+from . import Module, register_fake
 from .. import _library  # noqa: F401  (loads the library: torch.ops.opsmith.* exists after this)
 from . import first_order_only, graph_anchors, pybind_double_backward_error, route_a
 
@@ -249,7 +249,7 @@ def cross_entropy_pybind(logits: torch.Tensor, target: torch.Tensor, weight: Opt
 
 # --- the nn module ---------------------------------------------------------------------
 
-class CrossEntropyLoss(torch.nn.Module):
+class CrossEntropyLoss(Module):
     """Drop-in for ``torch.nn.CrossEntropyLoss`` (same arguments, same
     ``weight`` buffer in the state dict; class indices as targets, classes in
     the last dim), plus ``z_loss``, ``softcap``, ``return_z_loss``,

@@ -8,7 +8,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from . import check_param, register_fake
+from . import check_param, Module, register_fake
 from .. import _library  # noqa: F401  (loads the library: torch.ops.opsmith.* exists after this)
 from . import _vmap
 from .rms_norm import CASTING_MODES, _accumulate_dtype, _default_out_dtype
@@ -244,7 +244,7 @@ def fused_add_rms_norm_pybind_(x: torch.Tensor, residual: torch.Tensor, weight: 
 
 # --- the nn module ---------------------------------------------------------------------
 
-class FusedAddRMSNorm(torch.nn.Module):
+class FusedAddRMSNorm(Module):
     """``forward(x, residual) -> (y, h)`` with ``h = x + residual`` and
     ``y = RMSNorm(h)``: the add and norm of a pre-norm transformer block in
     one pass (``residual = h`` for the next block). One parameter, ``weight``

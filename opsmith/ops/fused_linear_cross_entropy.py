@@ -13,7 +13,7 @@ from typing import Optional
 
 import torch
 
-from . import register_fake
+from . import Module, register_fake
 from .. import _library  # noqa: F401  (loads the library: torch.ops.opsmith.* exists after this)
 from . import first_order_only, graph_anchors, pybind_double_backward_error, route_a
 from .cross_entropy import _options_repr, _softcap, _validate
@@ -207,7 +207,7 @@ def fused_linear_cross_entropy_pybind(hidden: torch.Tensor, weight: torch.Tensor
 
 # --- the nn module ---------------------------------------------------------------------
 
-class FusedLinearCrossEntropyLoss(torch.nn.Module):
+class FusedLinearCrossEntropyLoss(Module):
     """The LM head and its loss in one module: ``lm_head`` + ``CrossEntropyLoss``
     without the logits. Give it the head's weight (and bias), which it shares
     (tied: the same Parameter objects, state-dict keys ``weight`` and ``bias``

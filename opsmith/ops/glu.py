@@ -13,7 +13,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from . import first_order_only, pybind_double_backward_error, register_fake
+from . import first_order_only, pybind_double_backward_error, Module, register_fake
 from .. import _library  # noqa: F401  (loads the library: torch.ops.opsmith.* exists after this)
 from . import _vmap
 
@@ -200,7 +200,7 @@ class GatedDownProjection(torch.autograd.Function):
 
 # --- the nn module ---------------------------------------------------------------------
 
-class GatedMLP(torch.nn.Module):
+class GatedMLP(Module):
     """``down_proj(act(gate_proj(x)) * up_proj(x))``: the MLP of Llama, Mistral,
     Qwen2 (activation "silu") and Gemma ("gelu_tanh"), with their state-dict
     keys gate_proj, up_proj, down_proj (torch.nn.Linear submodules).
@@ -228,7 +228,9 @@ class GatedMLP(torch.nn.Module):
         if fused_gate_up:
             self.gate_up_proj = torch.nn.Linear(hidden_size, 2 * intermediate_size, **kw)
             self._register_state_dict_hook(GatedMLP._split_gate_up)
-            self._register_load_state_dict_pre_hook(self._join_gate_up)
+            # static functions, not bound methods: a module holding its own bound method is a
+            # reference cycle, freed only by the cyclic collector
+            self._register_load_state_dict_pre_hook(GatedMLP._join_gate_up)
         else:
             self.gate_proj = torch.nn.Linear(hidden_size, intermediate_size, **kw)
             self.up_proj = torch.nn.Linear(hidden_size, intermediate_size, **kw)
@@ -263,7 +265,8 @@ class GatedMLP(torch.nn.Module):
                     state_dict[f"{prefix}{name}.{kind}"] = moved[f"{prefix}{name}.{kind}"]
         state_dict.update(rest)
 
-    def _join_gate_up(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
+    @staticmethod
+    def _join_gate_up(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
         for kind in ("weight", "bias"):
             g, u = f"{prefix}gate_proj.{kind}", f"{prefix}up_proj.{kind}"
             if g in state_dict and u in state_dict:

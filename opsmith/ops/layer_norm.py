@@ -7,7 +7,7 @@ from typing import List, Optional, Tuple, Union
 
 import torch
 
-from . import check_param, register_fake
+from . import check_param, Module, register_fake
 from .. import _library, _sharding  # noqa: F401  (loads the library: torch.ops.opsmith.* exists after this)
 from . import _vmap
 
@@ -157,7 +157,7 @@ def layer_norm_pybind(x: torch.Tensor, weight: Optional[torch.Tensor] = None,
 
 # --- the nn module ---------------------------------------------------------------------
 
-class LayerNorm(torch.nn.Module):
+class LayerNorm(Module):
     """Drop-in for torch.nn.LayerNorm (same arguments, parameters and
     state-dict keys: weight, bias), computed by opsmith's kernels."""
 

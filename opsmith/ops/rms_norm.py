@@ -7,7 +7,7 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from . import check_param, register_fake
+from . import check_param, Module, register_fake
 from .. import _library, _sharding  # noqa: F401  (loads the library: torch.ops.opsmith.* exists after this)
 from . import _vmap
 
@@ -204,7 +204,7 @@ def rms_norm_pybind(x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps:
 
 # --- the nn module ---------------------------------------------------------------------
 
-class RMSNorm(torch.nn.Module):
+class RMSNorm(Module):
     """Drop-in for torch.nn.RMSNorm, computed by opsmith's kernels; with the
     keyword options also for Hugging Face's norms: ``casting_mode="llama"``
     (LlamaRMSNorm and the models that copy it), ``offset=1.0,

@@ -20,7 +20,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from . import register_fake
+from . import Module, register_fake
 from .. import _library  # noqa: F401  (loads the library: torch.ops.opsmith.* exists after this)
 
 _fwd = torch.ops.opsmith.rotary_fwd.default
@@ -291,7 +291,7 @@ def _llama3_inv_freq(inv_freq, factor, low_freq_factor, high_freq_factor, old_co
     return torch.where(medium, smoothed, scaled)
 
 
-class RotaryEmbedding(torch.nn.Module):
+class RotaryEmbedding(Module):
     """cos/sin for rotary embeddings, as Hugging Face's LlamaRotaryEmbedding
     gives them: ``forward(x, position_ids) -> (cos, sin)``, each ``[B, S, dim]``
     (the two halves duplicated, for rotate-half) in x's dtype, computed in

@@ -9,7 +9,7 @@ from typing import Optional
 
 import torch
 
-from . import register_fake
+from . import Module, register_fake
 from .. import _library  # noqa: F401  (loads the library: torch.ops.opsmith.* exists after this)
 from . import first_order_only, pybind_double_backward_error, route_a
 
@@ -130,7 +130,7 @@ def log_softmax_pybind(x: torch.Tensor, dim: Optional[int] = -1, dtype: Optional
 
 # --- the nn modules ---------------------------------------------------------------------
 
-class Softmax(torch.nn.Module):
+class Softmax(Module):
     """Drop-in for ``torch.nn.Softmax(dim)`` (no state; ``dim=None``: PyTorch's
     legacy implicit dim, with its warning)."""
 
