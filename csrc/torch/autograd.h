@@ -51,7 +51,7 @@ class LastUse {
         TORCH_CHECK(!spent_, node, ": trying to backward through the graph a second time (its saved gradients were "
                     "used by the backward that freed it); specify retain_graph=True on the first backward");
         const bool mine = releaser_ == std::this_thread::get_id();
-        releaser_ = std::thread::id();
+        if (mine) releaser_ = std::thread::id(); // another thread's apply leaves it to the releaser
         return mine;
     }
     void spend() { spent_ = true; }
