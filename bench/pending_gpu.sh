@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # What waits for a GPU (bench/NOTES.md names each "not yet run on a GPU"),
 # in one call on the GPU machine: the library built for sm_90 with the C
-# tests; the CUDA cases of the changes not yet run (the fused linear op's
-# float32 gradients for float16); on an H200 also the norm forwards' and
+# tests; the CUDA cases of the changes not yet run (the autograd nodes'
+# in-place rules and symbolic sizes: cross-entropy, the fused linear op,
+# RMSNorm's in-place backward, the fused add's dtype promotion, rotary); on an H200 also the norm forwards' and
 # softmax's plans compared in one build ("Next on the H200: the norm
 # forwards' plans, one build"). Logs and rows under OUT. `norms` instead
 # runs the norms' benchmark against eager, torch.compile and Liger (Liger
@@ -35,10 +36,9 @@ if [ "$what" = norms ]; then
   exit $rc
 fi
 if [ "$what" != plans ]; then
-  python3 -m pytest -q tests/test_fused_linear_cross_entropy.py -k "cuda or float16" > "$out/pytest_flce.txt" 2>&1 || rc=1
-  tail -1 "$out/pytest_flce.txt"
-  OMP_NUM_THREADS=8 ./build/test_c fused_linear > "$out/ctest_flce.txt" 2>&1 || rc=1
-  tail -1 "$out/ctest_flce.txt"
+  python3 -m pytest -q -k cuda tests/test_fused_linear_cross_entropy.py tests/test_cross_entropy.py \
+    tests/test_rms_norm_options.py tests/test_fused_add_rms_norm.py tests/test_rotary.py > "$out/pytest_cuda.txt" 2>&1 || rc=1
+  tail -1 "$out/pytest_cuda.txt"
 fi
 case "$gpu" in *H200*) ;; *) what=tests ;; esac
 if [ "$what" != tests ]; then
