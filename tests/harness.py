@@ -55,6 +55,14 @@ def primary(spec: OpSpec, inputs) -> torch.Tensor:
     return next(t for _, t in flat_inputs(inputs) if is_float(t))
 
 
+def opsmith_ops_run(fn):
+    """The opsmith:: ops that fn() ran, from the profiler: which path a
+    backward took where a Python reference to its tensors would change it."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn()
+    return {e.name for e in prof.events() if e.name.startswith("opsmith::")}
+
+
 def poison_allocator(device, *nbytes):
     # The op allocates its outputs with torch.empty. Filling and freeing
     # blocks of the sizes it is about to ask for makes the allocator likely to

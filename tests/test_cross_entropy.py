@@ -610,24 +610,20 @@ def test_compile_fullgraph(device):
     torch._dynamo.reset()
 
 
-def _opsmith_ops_run(fn):
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        fn()
-    return {e.name for e in prof.events() if e.name.startswith("opsmith::")}
-
-
 def test_the_saved_gradient_scaled_in_place_only_when_no_one_else_holds_it():
     import threading
+
+    from harness import opsmith_ops_run
 
     x, t, _ = make(64, 100, torch.float32, "cpu")
     xg = x.clone().requires_grad_()
     # the functions: the backward that frees the graph scales the saved gradient in place
     loss = cross_entropy(xg, t)
-    assert _opsmith_ops_run(lambda: loss.backward()) == {"opsmith::cross_entropy_bwd_"}
+    assert opsmith_ops_run(lambda: loss.backward()) == {"opsmith::cross_entropy_bwd_"}
     # the raw op returned the gradient to its caller: never written behind it
     loss, _, dl, _ = torch.ops.opsmith.cross_entropy_fwd(xg, t, None, compute_grad=True)
     keep = dl.clone()
-    assert _opsmith_ops_run(lambda: (loss * 3).backward()) == {"opsmith::cross_entropy_bwd"}
+    assert opsmith_ops_run(lambda: (loss * 3).backward()) == {"opsmith::cross_entropy_bwd"}
     assert torch.equal(dl, keep)
     # backwards over one graph from several threads at once (two keeping the
     # graph, one freeing it): each gets the right gradient or the error of a

@@ -294,9 +294,8 @@ struct RMSNormBackward : public torch::autograd::Node {
             // functional op, and not while anything else holds dy or its
             // storage (y + x hands one gradient to both sides; y.backward(g)
             // leaves g with the caller), whose reader would see dx; a wrapper with
-            // no storage of its own (torch.func) takes the functional op
-            const bool sole = dy.use_count() == 1 && dy.has_storage() && dy.storage().use_count() == 1;
-            if (inplace_ && sole && !dy.requires_grad() && !at::isTensorSubclassLike(dy) && can_write_over(dy, x)) {
+            // no storage of its own (torch.func) takes the functional op too
+            if (inplace_ && held_only_by(dy, 1) && !dy.requires_grad() && !at::isTensorSubclassLike(dy) && can_write_over(dy, x)) {
                 dw = rms_norm_bwd_inplace_op().call(dy, x, w, inv_rms_.unpack(), offset_, casting_, weight_grad);
                 dx = dy;
             } else {
